@@ -1,0 +1,86 @@
+"""TorchServe entry module for image classification (exactly one handler class, a TorchServe rule).
+
+Per request: raw image bytes, a multipart upload or JSON {"data": "<base64>"} ->
+`[{"label": str, "index": int, "probability": float}, ...]`, the top-k classes, best first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from handlers.classification import ClassScore, top_k_classes
+from handlers.decode import decode_image_bytes
+from handlers.model_loading import load_labels, load_model
+from handlers.request_body import extract_image_bytes
+from handlers.serving import BatchedImageHandler, HeaderReader
+from handlers.settings import ClassifierSettings, parse_classifier_settings
+from handlers.transforms import preprocess_classification_batch
+
+logger = logging.getLogger(__name__)
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, torch.Tensor]):
+    settings: ClassifierSettings
+    model: nn.Module
+    labels: list[str]
+
+    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
+        self.settings = parse_classifier_settings(handler_settings)
+        if serialized_file is None:
+            raise ValueError("the archive has no serialized model file (--serialized-file)")
+        self.labels = load_labels(self.model_dir / self.settings.labels_file)
+        model = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
+        if self.settings.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if self.settings.compile_mode is not None:
+            model = torch.compile(model, mode=self.settings.compile_mode)  # type: ignore[assignment]
+        if self.settings.precision != "fp32" and self.device.type != "cuda":
+            logger.warning("precision=%s applies on CUDA only; running fp32 on %s",
+                           self.settings.precision, self.device)
+        self.model = model
+
+    def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> torch.Tensor:
+        return decode_image_bytes(extract_image_bytes(row), self.settings.limits, self.device)
+
+    def preprocess(self, items: Sequence[torch.Tensor]) -> torch.Tensor:
+        batch = preprocess_classification_batch(
+            items,
+            self.settings.resize_size,
+            self.settings.input_size,
+            self.settings.mean,
+            self.settings.std,
+            self.device,
+        )
+        if self.settings.channels_last:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        return batch
+
+    def infer(self, model_input: torch.Tensor) -> torch.Tensor:
+        with self._autocast():
+            logits = self.model(model_input)
+        return logits
+
+    def postprocess(
+        self, model_output: torch.Tensor, items: Sequence[torch.Tensor]
+    ) -> list[list[ClassScore]]:
+        return top_k_classes(model_output, self.labels, self.settings.top_k)
+
+    def warm_up(self, batch_size: int) -> None:
+        size = self.settings.input_size
+        # A compiled model specialises on shapes: warm every batch size requests can form.
+        sizes = range(1, batch_size + 1) if self.settings.compile_mode else sorted({1, batch_size})
+        with torch.inference_mode():
+            for count in sizes:
+                self.infer(torch.zeros(count, 3, size, size, device=self.device))
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.device.type == "cuda" and self.settings.precision in AUTOCAST_DTYPES:
+            return torch.autocast("cuda", dtype=AUTOCAST_DTYPES[self.settings.precision])
+        return contextlib.nullcontext()

@@ -1,0 +1,74 @@
+"""Build the network an archive describes and put it on the worker's device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from handlers.settings import ModelSource
+
+
+def resolve_device(gpu_id: int | None) -> torch.device:
+    """`cuda:<gpu_id>` when TorchServe gave this worker a GPU and CUDA works, else the CPU."""
+    if gpu_id is not None and torch.cuda.is_available():
+        return torch.device(f"cuda:{gpu_id}")
+    return torch.device("cpu")
+
+
+def create_architecture(source: ModelSource) -> nn.Module:
+    """An untrained timm or torchvision network of the named architecture."""
+    if source.architecture is None:
+        raise ValueError(f"source '{source.source}' needs an architecture name")
+    kwargs: dict[str, Any] = {} if source.num_classes is None else {"num_classes": source.num_classes}
+    if source.source == "timm":
+        import timm
+
+        return timm.create_model(source.architecture, pretrained=False, **kwargs)
+    if source.source == "torchvision":
+        import torchvision
+
+        return torchvision.models.get_model(source.architecture, weights=None, **kwargs)
+    raise ValueError(f"source '{source.source}' has no architecture to create")
+
+
+def load_state_dict_model(source: ModelSource, weights_path: Path) -> nn.Module:
+    """The architecture with the state dict at `weights_path` loaded strictly (every key, every shape)."""
+    model = create_architecture(source)
+    state_dict = torch.load(weights_path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state_dict, strict=True)
+    return model
+
+
+def load_model(source: ModelSource, weights_path: Path, device: torch.device) -> nn.Module:
+    """Load the archive's network in eval mode on `device`.
+
+    timm / torchvision: architecture by name plus a state dict; torchscript: `torch.jit.save`
+    output; export: `torch.export.save` output (an ExportedProgram, run via `.module()`).
+    """
+    if source.source in ("timm", "torchvision"):
+        model = load_state_dict_model(source, weights_path)
+    elif source.source == "torchscript":
+        model = torch.jit.load(str(weights_path), map_location="cpu")
+    elif source.source == "export":
+        model = torch.export.load(str(weights_path)).module()
+    else:
+        raise ValueError(f"unknown model source '{source.source}'")
+    model = model.to(device)
+    if source.source != "export":  # exported programs have no train/eval switch
+        model.eval()
+    return model
+
+
+def load_labels(path: Path) -> list[str]:
+    """Class names from a JSON list (index = class index) or a text file with one name per line."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        labels = json.loads(text)
+        if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
+            raise ValueError(f"{path} must hold a JSON list of class names")
+        return labels
+    return [line.strip() for line in text.splitlines() if line.strip()]

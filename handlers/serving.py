@@ -1,0 +1,157 @@
+"""The one TorchServe-facing class: the batch contract, per-request statuses, timing, warm-up.
+
+Subclasses implement small hooks, each with one job:
+`load(handler_settings)` -> `decode_request(index, row, header)` per request ->
+`preprocess(items)` -> `infer(model_input)` -> `postprocess(model_output, items)` per good request.
+`handle` guarantees one answer per request: a ClientError gets that request a 4xx JSON body,
+everything else in the batch is answered normally. Anything else raised is a server fault and
+fails the batch, as TorchServe reports it (503, or 507 for CUDA errors).
+
+This module does not import `ts`; it is typed against the small `TorchServeContext` protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+
+from handlers.batching import decode_each, merge_outcomes
+from handlers.errors import ClientError
+from handlers.model_loading import resolve_device
+
+logger = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+ModelInput = TypeVar("ModelInput")
+ModelOutput = TypeVar("ModelOutput")
+HeaderReader = Callable[[str], "str | None"]
+JSON_CONTENT_TYPE = "application/json"
+BATCH_SIZE_HEADER = "X-Batch-Size"
+
+
+class TorchServeContext(Protocol):
+    """The parts of `ts.context.Context` the handlers use."""
+
+    manifest: dict[str, Any]
+    model_yaml_config: dict[str, Any] | None
+
+    @property
+    def system_properties(self) -> dict[str, Any]: ...
+
+    def get_request_header(self, idx: int, key: str) -> str | None: ...
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None: ...
+
+    def set_response_content_type(self, idx: int, value: str) -> None: ...
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None: ...
+
+
+class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
+    """Template for a batched handler; see the module docstring for the hook order."""
+
+    def __init__(self) -> None:
+        self.initialized = False
+        self.device = torch.device("cpu")
+        self.model_dir = Path(".")
+        self.model_name = "model"
+        self.model_version = "0"
+        self.max_batch_size = 1
+
+    # --- TorchServe entry points -------------------------------------------------------
+    def initialize(self, context: TorchServeContext) -> None:
+        properties = context.system_properties
+        self.model_dir = Path(properties["model_dir"])
+        self.device = resolve_device(properties.get("gpu_id"))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        model_manifest = (context.manifest or {}).get("model", {})
+        self.model_name = model_manifest.get("modelName", self.model_name)
+        self.model_version = model_manifest.get("modelVersion", self.model_version)
+        self.max_batch_size = int(properties.get("batch_size") or 1)
+        handler_settings = (context.model_yaml_config or {}).get("handler", {})
+        self.load(handler_settings, model_manifest.get("serializedFile"))
+        started = time.perf_counter()
+        self.warm_up(self.max_batch_size)
+        logger.info(
+            "loaded model=%s version=%s device=%s max_batch_size=%d warm_up_ms=%.0f",
+            self.model_name, self.model_version, self.device, self.max_batch_size,
+            (time.perf_counter() - started) * 1000,
+        )
+        self.initialized = True
+
+    def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> list[bytes]:
+        """One JSON body per request, in order; statuses set per request on `context`."""
+        started = time.perf_counter()
+        decoded = decode_each(
+            len(data),
+            lambda index: self.decode_request(
+                data[index], lambda name: context.get_request_header(index, name)
+            ),
+        )
+        decoded_at = time.perf_counter()
+        answers: list[Any] = []
+        if decoded.items:
+            with torch.inference_mode():
+                model_output = self.infer(self.preprocess(decoded.items))
+                inferred_at = time.perf_counter()
+                answers = self.postprocess(model_output, decoded.items)
+        else:
+            inferred_at = decoded_at
+        outcomes = merge_outcomes(len(data), decoded.indices, answers, decoded.errors)
+        finished = time.perf_counter()
+        logger.info(
+            "batch model=%s version=%s size=%d ok=%d rejected=%d decode_ms=%.1f "
+            "infer_ms=%.1f post_ms=%.1f",
+            self.model_name, self.model_version, len(data), len(decoded.items),
+            len(decoded.errors), (decoded_at - started) * 1000,
+            (inferred_at - decoded_at) * 1000, (finished - inferred_at) * 1000,
+        )
+        return [
+            self.write_response(context, index, outcome, len(data))
+            for index, outcome in enumerate(outcomes)
+        ]
+
+    # --- hooks ----------------------------------------------------------------------------
+    @abstractmethod
+    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
+        """Parse the settings and load the model onto `self.device`."""
+
+    @abstractmethod
+    def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> Item:
+        """One request's payload (and headers) -> an item to batch, or raise ClientError."""
+
+    @abstractmethod
+    def preprocess(self, items: Sequence[Item]) -> ModelInput:
+        """The decoded items of the batch -> the model's batched input on `self.device`."""
+
+    @abstractmethod
+    def infer(self, model_input: ModelInput) -> ModelOutput:
+        """One forward pass over the whole batch."""
+
+    @abstractmethod
+    def postprocess(self, model_output: ModelOutput, items: Sequence[Item]) -> list[Any]:
+        """The batch's output -> one JSON-serialisable answer per item, in order."""
+
+    @abstractmethod
+    def warm_up(self, batch_size: int) -> None:
+        """Run the model at the sizes requests will use, so no request pays first-call costs."""
+
+    # --- helpers --------------------------------------------------------------------------
+    @staticmethod
+    def write_response(
+        context: TorchServeContext, index: int, outcome: Any, batch_size: int
+    ) -> bytes:
+        context.set_response_content_type(index, JSON_CONTENT_TYPE)
+        context.set_response_header(index, BATCH_SIZE_HEADER, str(batch_size))
+        if isinstance(outcome, ClientError):
+            context.set_response_status(outcome.status, outcome.phrase, index)
+            return outcome.to_json_bytes()
+        return json.dumps(outcome).encode("utf-8")

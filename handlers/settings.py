@@ -1,0 +1,141 @@
+"""Per-model settings, parsed once from the `handler:` section of the archive's YAML.
+
+Every value is validated up front; a bad value raises `SettingsError` naming the key and the
+accepted values, so a broken archive fails at load time with a readable message instead of on
+the first request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MODEL_SOURCES = ("timm", "torchvision", "torchscript", "export")
+PRECISIONS = ("fp32", "fp16", "bf16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# TorchServe's own default max_request_size; keep the two consistent.
+DEFAULT_MAX_BODY_BYTES = 6_553_500
+DEFAULT_MAX_PIXELS = 40_000_000
+
+
+class SettingsError(ValueError):
+    """The archive's handler settings are invalid."""
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """Limits checked per request before (max_body_bytes, max_pixels) and after decoding."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    min_side_px: int = 1
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the network comes from: an architecture name plus a state dict, or a whole program."""
+
+    source: str
+    architecture: str | None
+    num_classes: int | None
+
+
+@dataclass(frozen=True)
+class ClassifierSettings:
+    model: ModelSource
+    labels_file: str
+    resize_size: int
+    input_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    top_k: int
+    precision: str
+    channels_last: bool
+    compile_mode: str | None
+    limits: ImageLimits
+
+
+def _require(section: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in section:
+        raise SettingsError(f"missing required setting '{where}.{key}'")
+    return section[key]
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SettingsError(f"'{name}' must be a positive integer, got {value!r}")
+    return value
+
+
+def _triple(value: Any, name: str, positive: bool) -> tuple[float, float, float]:
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        raise SettingsError(f"'{name}' must be a list of 3 numbers (R, G, B), got {value!r}")
+    numbers = tuple(float(v) for v in value)
+    if positive and min(numbers) <= 0:
+        raise SettingsError(f"'{name}' values must be > 0, got {value!r}")
+    return (numbers[0], numbers[1], numbers[2])
+
+
+def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SettingsError(f"'{name}' must be one of {', '.join(choices)}; got {value!r}")
+    return str(value)
+
+
+def parse_model_source(section: Mapping[str, Any]) -> ModelSource:
+    source = _choice(_require(section, "source", "model"), "model.source", MODEL_SOURCES)
+    architecture = section.get("architecture")
+    if source in ("timm", "torchvision") and not architecture:
+        raise SettingsError(f"'model.architecture' is required for source '{source}'")
+    num_classes = section.get("num_classes")
+    if num_classes is not None:
+        num_classes = _positive_int(num_classes, "model.num_classes")
+    return ModelSource(source=source, architecture=architecture, num_classes=num_classes)
+
+
+def parse_limits(section: Mapping[str, Any]) -> ImageLimits:
+    defaults = ImageLimits()
+    return ImageLimits(
+        max_body_bytes=_positive_int(
+            section.get("max_body_bytes", defaults.max_body_bytes), "limits.max_body_bytes"
+        ),
+        max_pixels=_positive_int(section.get("max_pixels", defaults.max_pixels), "limits.max_pixels"),
+        min_side_px=_positive_int(
+            section.get("min_side_px", defaults.min_side_px), "limits.min_side_px"
+        ),
+    )
+
+
+def parse_compile_mode(value: Any) -> str | None:
+    if value in (None, False):
+        return None
+    if value is True:
+        return "default"
+    return _choice(value, "compile", COMPILE_MODES)
+
+
+def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> ClassifierSettings:
+    """Parse and validate the `handler:` section of a classification archive's YAML."""
+    if not handler_section:
+        raise SettingsError("the archive's YAML has no 'handler:' section")
+    preprocess = handler_section.get("preprocess", {})
+    input_size = _positive_int(preprocess.get("input_size", 224), "preprocess.input_size")
+    resize_size = _positive_int(preprocess.get("resize_size", 256), "preprocess.resize_size")
+    if resize_size < input_size:
+        raise SettingsError(
+            f"'preprocess.resize_size' ({resize_size}) must be >= 'preprocess.input_size' ({input_size})"
+        )
+    return ClassifierSettings(
+        model=parse_model_source(_require(handler_section, "model", "handler")),
+        labels_file=str(handler_section.get("labels_file", "labels.json")),
+        resize_size=resize_size,
+        input_size=input_size,
+        mean=_triple(preprocess.get("mean", [0.485, 0.456, 0.406]), "preprocess.mean", False),
+        std=_triple(preprocess.get("std", [0.229, 0.224, 0.225]), "preprocess.std", True),
+        top_k=_positive_int(handler_section.get("top_k", 5), "top_k"),
+        precision=_choice(handler_section.get("precision", "fp32"), "precision", PRECISIONS),
+        channels_last=bool(handler_section.get("channels_last", False)),
+        compile_mode=parse_compile_mode(handler_section.get("compile")),
+        limits=parse_limits(handler_section.get("limits", {})),
+    )

@@ -1,0 +1,58 @@
+"""Geometry and normalization as tensor operations on the worker's device.
+
+Images of a batch differ in size, so resize and crop run per image (each a single tensor op on
+the device); the cropped images are then stacked and normalized as one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torchvision.transforms.v2 import functional as F
+
+
+def resized_size_hw(size_hw: tuple[int, int], short_side: int) -> tuple[int, int]:
+    """The (height, width) after resizing the short side to `short_side`, keeping aspect ratio.
+
+    Matches `torchvision.transforms.v2.functional.resize(image, [short_side])`.
+    """
+    height, width = size_hw
+    if height <= width:
+        return short_side, int(short_side * width / height)
+    return int(short_side * height / width), short_side
+
+
+def resize_and_center_crop(image: torch.Tensor, resize_size: int, crop_size: int) -> torch.Tensor:
+    """`uint8[3, H, W]` -> `uint8[3, crop_size, crop_size]`: short side to `resize_size`
+    (bilinear, antialiased), then the central `crop_size` square. The input is not modified."""
+    resized = F.resize(image, [resize_size], antialias=True)
+    return F.center_crop(resized, [crop_size, crop_size])
+
+
+def normalize_batch(
+    batch_uint8: torch.Tensor, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype
+) -> torch.Tensor:
+    """`uint8[B, 3, H, W]` -> `dtype[B, 3, H, W]`: scaled to [0, 1], then (x - mean) / std."""
+    scaled = F.to_dtype(batch_uint8, torch.float32, scale=True)
+    return F.normalize(scaled, list(mean), list(std)).to(dtype)
+
+
+def preprocess_classification_batch(
+    images: Sequence[torch.Tensor],
+    resize_size: int,
+    crop_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Decoded `uint8[3, H_i, W_i]` images -> one normalized `dtype[B, 3, crop, crop]` batch on
+    `device`. Raises ValueError for an empty sequence (a batch has at least one image)."""
+    if not images:
+        raise ValueError("preprocess_classification_batch needs at least one image")
+    crops = [
+        resize_and_center_crop(image.to(device, non_blocking=True), resize_size, crop_size)
+        for image in images
+    ]
+    return normalize_batch(torch.stack(crops), mean, std, dtype)

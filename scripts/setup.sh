@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Set up everything the project needs, idempotently:
+#   - a Java 17+ runtime (installed with apt when missing and running as root),
+#   - .venv with the pinned packages of requirements.txt / constraints.txt.
+# Re-running does nothing when both are already in place.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+java_major() {
+  java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print v[1]; exit}'
+}
+
+ensure_java() {
+  if command -v java >/dev/null 2>&1 && [ "$(java_major)" -ge 17 ] 2>/dev/null; then
+    return
+  fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing openjdk-17-jre-headless with apt"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null
+    return
+  fi
+  echo "setup: TorchServe needs a Java 17 (or newer) runtime on PATH, and none was found." >&2
+  echo "setup: install it, e.g. 'sudo apt-get install -y openjdk-17-jre-headless', then run this again." >&2
+  exit 1
+}
+
+find_python() {
+  for candidate in "${PYTHON:-}" python3.11 python3; do
+    if [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 \
+        && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 10))'; then
+      echo "$candidate"; return
+    fi
+  done
+  echo "setup: Python 3.10 or newer is required (3.11 recommended)" >&2
+  exit 1
+}
+
+ensure_venv() {
+  local stamp=.venv/.requirements.sha256 wanted
+  wanted=$(cat requirements.txt constraints.txt | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -x .venv/bin/python ]; then
+    return
+  fi
+  if [ ! -x .venv/bin/python ]; then
+    "$(find_python)" -m venv .venv
+  fi
+  echo "setup: installing pinned packages into .venv (first run takes a few minutes)"
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -r requirements.txt -c constraints.txt
+  echo "$wanted" > "$stamp"
+}
+
+ensure_java
+ensure_venv
+echo "setup: ready (.venv, $(java -version 2>&1 | head -n 1))"

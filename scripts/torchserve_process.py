@@ -1,0 +1,173 @@
+"""Start, probe and stop a TorchServe instance in its own run directory.
+
+Every instance gets its own working directory (logs, key_file.json) and its own TMPDIR (TorchServe
+keeps its pid file in Python's temp dir, and refuses to start while another instance's exists), so
+several instances (the demo, test servers) run side by side and stopping one leaves the others.
+
+    python scripts/torchserve_process.py start [--config config/config.properties] [--run-dir .run]
+    python scripts/torchserve_process.py stop  [--run-dir .run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.torchserve_config import read_properties  # noqa: E402
+
+DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
+DEFAULT_RUN_DIR = REPO_ROOT / ".run"
+
+
+class ServerError(RuntimeError):
+    """TorchServe did not start, or did not become healthy in time."""
+
+
+@dataclass(frozen=True)
+class TorchServeInstance:
+    run_dir: Path
+    config_path: Path
+    inference_url: str
+    management_url: str
+    metrics_url: str
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.run_dir / "tmp"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["TMPDIR"] = str(self.tmp_dir)
+        env["LOG_LOCATION"] = str(self.log_dir)
+        env["METRICS_LOCATION"] = str(self.log_dir)
+        bin_dir = str(Path(sys.executable).parent)
+        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+        return env
+
+    def model_log_tail(self, lines: int = 40) -> str:
+        log = self.log_dir / "model_log.log"
+        if not log.is_file():
+            return "(no model_log.log yet)"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def instance_for(config_path: Path, run_dir: Path) -> TorchServeInstance:
+    properties = read_properties(config_path)
+    return TorchServeInstance(
+        run_dir=run_dir.resolve(),
+        config_path=config_path.resolve(),
+        inference_url=properties.get("inference_address", "http://127.0.0.1:8080"),
+        management_url=properties.get("management_address", "http://127.0.0.1:8081"),
+        metrics_url=properties.get("metrics_address", "http://127.0.0.1:8082"),
+    )
+
+
+def configured_model_store(config_path: Path) -> Path:
+    """The config's `model_store`; a relative path is taken from the repository root."""
+    store = Path(read_properties(config_path).get("model_store", "model_store"))
+    return store if store.is_absolute() else REPO_ROOT / store
+
+
+def torchserve_command(instance: TorchServeInstance, extra: Sequence[str] = ()) -> list[str]:
+    executable = shutil.which("torchserve", path=instance.environment()["PATH"])
+    if executable is None:
+        raise ServerError("torchserve is not installed; run scripts/setup.sh first")
+    return [executable, *extra]
+
+
+def ping(instance: TorchServeInstance, headers: Mapping[str, str] | None = None) -> bool:
+    try:
+        answer = requests.get(f"{instance.inference_url}/ping", headers=headers, timeout=2)
+    except requests.RequestException:
+        return False
+    return answer.status_code == 200 and answer.json().get("status") == "Healthy"
+
+
+def wait_until_healthy(
+    instance: TorchServeInstance, timeout_s: float, headers: Mapping[str, str] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ping(instance, headers):
+            return
+        time.sleep(0.5)
+    raise ServerError(f"TorchServe at {instance.inference_url} was not healthy after {timeout_s:.0f} s."
+                      f"\nLast lines of {instance.log_dir / 'model_log.log'}:\n"
+                      f"{instance.model_log_tail()}")
+
+
+def start(instance: TorchServeInstance, model_store: Path | None = None,
+          timeout_s: float = 180.0, wait: bool = True) -> None:
+    """Start TorchServe with the instance's config (`--ncs`: no snapshot restore) and wait for /ping."""
+    instance.tmp_dir.mkdir(parents=True, exist_ok=True)
+    instance.log_dir.mkdir(parents=True, exist_ok=True)
+    store = model_store or configured_model_store(instance.config_path)
+    extra = ["--start", "--ncs", "--ts-config", str(instance.config_path),
+             "--model-store", str(store.resolve())]
+    with open(instance.run_dir / "torchserve.out", "ab") as output:
+        result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
+                                env=instance.environment(), stdout=output,
+                                stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        text = (instance.run_dir / "torchserve.out").read_text(errors="replace")[-2000:]
+        raise ServerError(f"torchserve --start failed ({result.returncode}):\n{text}")
+    if wait:
+        wait_until_healthy(instance, timeout_s)
+
+
+def stop(instance: TorchServeInstance, timeout_s: float = 60.0) -> None:
+    """Stop the instance whose pid file lies in its TMPDIR; do nothing if none runs."""
+    if not (instance.tmp_dir / ".model_server.pid").exists():
+        return
+    subprocess.run(torchserve_command(instance, ["--stop"]), cwd=instance.run_dir,
+                   env=instance.environment(), capture_output=True, timeout=timeout_s, check=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("start", "stop", "status"))
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                        help="working directory for logs, keys and the pid file (default: .run)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /ping")
+    args = parser.parse_args(argv)
+    instance = instance_for(args.config, args.run_dir)
+    try:
+        if args.action == "start":
+            if ping(instance):
+                print(f"TorchServe is already serving at {instance.inference_url}")
+                return 0
+            start(instance, timeout_s=args.timeout)
+            print(f"TorchServe is healthy at {instance.inference_url} (logs in {instance.log_dir})")
+        elif args.action == "stop":
+            stop(instance)
+            print("TorchServe has stopped")
+        else:
+            healthy = ping(instance)
+            print(f"{instance.inference_url}: {'healthy' if healthy else 'not answering /ping'}")
+            return 0 if healthy else 1
+    except ServerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Deterministic test images and their encodings; real photos from scikit-image's wheel."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import skimage
+from PIL import Image
+
+PHOTOS_DIR = Path(skimage.__file__).parent / "data"
+CAT_LABELS = {"tabby", "tiger cat", "Egyptian cat"}
+
+
+def photo_bytes(name: str) -> bytes:
+    return (PHOTOS_DIR / name).read_bytes()
+
+
+def textured_rgb(height: int, width: int, seed: int = 0) -> Image.Image:
+    """A smooth gradient plus mild noise: compresses like a photo, differs per seed."""
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:height, 0:width]
+    base = np.stack([xs * 255 / max(width - 1, 1), ys * 255 / max(height - 1, 1),
+                     (xs + ys) * 127 / max(width + height - 2, 1)], axis=-1)
+    noisy = base + rng.normal(0, 8, size=base.shape)
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8), "RGB")
+
+
+def encode(image: Image.Image, image_format: str, **options: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, image_format, **options)
+    return buffer.getvalue()
+
+
+def exif_with_orientation(orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+def png_declaring_size(width: int, height: int) -> bytes:
+    """A few hundred bytes of PNG whose header declares width x height RGB pixels (a bomb)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    rows = zlib.compress(b"\x00" * 1024)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")

@@ -1,0 +1,133 @@
+"""The default classifier archive served by a real TorchServe, over real HTTP."""
+
+from __future__ import annotations
+
+import base64
+import functools
+
+import pytest
+import requests
+
+from scripts.torchserve_process import TorchServeInstance, ping
+from tests.images import CAT_LABELS, encode, photo_bytes, png_declaring_size, textured_rgb
+from tests.server.http_client import Reply, concurrently, post_image
+
+pytestmark = pytest.mark.server
+PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
+
+
+def url(server: TorchServeInstance, model: str = "efficientnet_lite0") -> str:
+    return f"{server.inference_url}/predictions/{model}"
+
+
+@pytest.fixture(scope="module")
+def solo_answers(classifier_server) -> dict[str, list[dict]]:
+    """Each photo's answer when sent alone, one request at a time."""
+    answers = {}
+    for name in PHOTOS:
+        reply = post_image(url(classifier_server), photo_bytes(name))
+        assert reply.status == 200 and reply.batch_size == 1
+        answers[name] = reply.body
+    return answers
+
+
+def assert_same_answer(served: list[dict], alone: list[dict]) -> None:
+    assert [c["index"] for c in served] == [c["index"] for c in alone]
+    for a, b in zip(served, alone, strict=True):
+        assert a["probability"] == pytest.approx(b["probability"], abs=1e-4)
+
+
+def test_chelsea_is_a_cat_and_every_photo_gets_its_own_answer(solo_answers):
+    assert solo_answers["chelsea.png"][0]["label"] in CAT_LABELS
+    assert solo_answers["coffee.png"][0]["label"] == "espresso"
+    assert len({answer[0]["index"] for answer in solo_answers.values()}) == len(PHOTOS)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(classifier_server, solo_answers):
+    names = PHOTOS * 8
+    calls = [functools.partial(post_image, url(classifier_server), photo_bytes(n)) for n in names]
+    replies = concurrently(calls, clients=16)
+    assert all(reply.status == 200 for reply in replies)
+    for name, reply in zip(names, replies, strict=True):
+        assert_same_answer(reply.body, solo_answers[name])
+    sizes = [reply.batch_size or 0 for reply in replies]
+    assert max(sizes) > 1, f"no batch formed: {sizes}"
+
+
+def test_a_bad_input_in_a_batch_gets_its_4xx_and_its_batch_mates_their_answers(classifier_server,
+                                                                             solo_answers):
+    bad = {b"not an image at all": 400, b"\xff\xd8\xff\xe0" + b"\x00" * 100: 400,
+           png_declaring_size(9000, 9000): 413}
+    payloads: list[tuple[bytes, str | None]] = []
+    for round_index in range(6):
+        for photo in PHOTOS[:3]:
+            payloads.append((photo_bytes(photo), photo))
+        payloads.append((list(bad)[round_index % len(bad)], None))
+    calls = [functools.partial(post_image, url(classifier_server), data) for data, _ in payloads]
+    replies = concurrently(calls, clients=12)
+    mixed_batch_seen = False
+    for (data, name), reply in zip(payloads, replies, strict=True):
+        if name is None:
+            assert reply.status == bad[data]
+            assert reply.body["code"] == bad[data] and reply.body["message"]
+            mixed_batch_seen |= (reply.batch_size or 0) > 1
+        else:
+            assert reply.status == 200
+            assert_same_answer(reply.body, solo_answers[name])
+    assert mixed_batch_seen, "no bad request shared a batch with others"
+    assert ping(classifier_server)
+
+
+def test_raw_multipart_and_json_base64_bodies_give_the_same_answer(classifier_server, solo_answers):
+    image = photo_bytes("coffee.png")
+    multipart = requests.post(url(classifier_server), files={"data": ("coffee.png", image)}, timeout=60)
+    as_json = requests.post(url(classifier_server), timeout=60,
+                            json={"data": base64.b64encode(image).decode()})
+    raw_put = requests.put(url(classifier_server), data=image, timeout=60)  # as `curl -T` sends it
+    for answer in (multipart, as_json, raw_put):
+        assert answer.status_code == 200, answer.text
+        assert_same_answer(answer.json(), solo_answers["coffee.png"])
+
+
+def test_other_formats_and_modes_are_classified(classifier_server):
+    image = textured_rgb(120, 160, seed=5)
+    for data in (encode(image, "WEBP"), encode(image.convert("L"), "BMP"),
+                 encode(image.convert("CMYK"), "JPEG"), encode(image.convert("P"), "GIF"),
+                 encode(image, "TIFF")):
+        reply = post_image(url(classifier_server), data)
+        assert reply.status == 200 and len(reply.body) == 5
+
+
+@pytest.mark.parametrize(("payload", "status", "error_type"), [
+    (b"", 400, "EmptyBody"),
+    (b"hello, world", 400, "NotAnImage"),
+    (png_declaring_size(20000, 20000), 413, "ImageTooLarge"),
+])
+def test_bad_inputs_alone_get_json_errors(classifier_server, payload, status, error_type):
+    reply = post_image(url(classifier_server), payload)
+    assert (reply.status, reply.body["type"]) == (status, error_type)
+
+
+def test_a_body_over_max_request_size_gets_413_from_the_frontend(classifier_server):
+    reply = requests.post(url(classifier_server), data=b"\xff" * 7_000_000, timeout=60,
+                          headers={"Content-Type": "application/octet-stream"})
+    assert reply.status_code == 413
+    assert ping(classifier_server)
+
+
+def test_unknown_model_is_404(classifier_server):
+    reply = requests.post(url(classifier_server, "no_such_model"), data=b"x", timeout=30,
+                          headers={"Content-Type": "image/jpeg"})
+    assert reply.status_code == 404
+
+
+def test_batch_settings_come_from_config_properties(classifier_server):
+    described = requests.get(f"{classifier_server.management_url}/models/efficientnet_lite0",
+                             timeout=30).json()[0]
+    assert (described["batchSize"], described["maxBatchDelay"]) == (8, 20)
+    assert described["minWorkers"] == 1 and described["workers"][0]["status"] == "READY"
+
+
+def test_replies_carry_the_batch_size_they_were_served_in(classifier_server):
+    reply: Reply = post_image(url(classifier_server), photo_bytes("rocket.jpg"))
+    assert reply.batch_size == 1

@@ -1,0 +1,200 @@
+"""The archive builder: real torch-model-archiver runs, error messages, every model source."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from handlers.decode import decode_image_bytes
+from handlers.settings import ImageLimits
+from handlers.transforms import preprocess_classification_batch
+from scripts.build_archives import (
+    DEFAULT_CONFIG,
+    DEFAULT_DESCRIPTIONS,
+    BuildError,
+    build_archive,
+    config_in_sync,
+    load_descriptions,
+    main,
+    parse_description,
+    render_models_block,
+)
+from scripts.fixed_seed_weights import calibrated_classifier
+from scripts.torchserve_config import parse_properties
+from tests.archives import archive_context, load_classifier
+from tests.images import photo_bytes
+
+PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png"]
+TEN_LABELS = [f"class_{i}" for i in range(10)]
+
+
+class TinyNet(nn.Module):
+    """A small CNN whose fixed-seed answers differ from photo to photo."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 16, 5, stride=4), nn.ReLU(),
+                                      nn.Conv2d(16, 32, 3, stride=2), nn.ReLU())
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean(dim=(2, 3))) * 10
+
+
+def describe(name: str, source: str, weights: Path, labels: Path | str, **model: object):
+    return parse_description({"name": name, "version": "1.0", "labels": str(labels),
+                              "model": {"source": source, "weights": str(weights), **model},
+                              "handler": {"top_k": 10}})
+
+
+@pytest.fixture(scope="module")
+def labels_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("labels") / "labels.txt"
+    path.write_text("\n".join(TEN_LABELS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_net() -> TinyNet:
+    torch.manual_seed(0)
+    return TinyNet().eval()
+
+
+def photo_batch(names: list[str] = PHOTOS) -> torch.Tensor:
+    """The photos preprocessed as the handler does with default (ImageNet) settings."""
+    images = [decode_image_bytes(photo_bytes(name), ImageLimits()) for name in names]
+    return preprocess_classification_batch(images, 256, 224, (0.485, 0.456, 0.406),
+                                           (0.229, 0.224, 0.225), torch.device("cpu"))
+
+
+def eager_top(model: nn.Module, image: bytes) -> list[int]:
+    batch = preprocess_classification_batch([decode_image_bytes(image, ImageLimits())], 256, 224,
+                                            (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+                                            torch.device("cpu"))
+    with torch.inference_mode():
+        return torch.softmax(model(batch), 1)[0].argsort(descending=True).tolist()
+
+
+def served_top(mar: Path, work: Path) -> list[list[int]]:
+    handler = load_classifier(mar, work)
+    rows = [{"body": bytearray(photo_bytes(name))} for name in PHOTOS]
+    answers = [json.loads(b) for b in handler.handle(rows, archive_context(handler.model_dir))]
+    return [[c["index"] for c in answer] for answer in answers]
+
+
+@pytest.mark.parametrize("source", ["torchscript", "export"])
+def test_program_files_serve_the_same_answers_as_the_eager_model(source, tiny_net, labels_file,
+                                                                 tmp_path):
+    program = tmp_path / "program.pt"
+    example = torch.zeros(2, 3, 224, 224)
+    if source == "torchscript":
+        torch.jit.save(torch.jit.trace(tiny_net, example), program)
+    else:
+        batch = torch.export.Dim("batch", min=1, max=64)
+        torch.export.save(torch.export.export(tiny_net, (example,), dynamic_shapes=({0: batch},)),
+                          program)
+    mar = build_archive(describe("tiny", source, program, labels_file), tmp_path / "store")
+    served = served_top(mar, tmp_path / "work")
+    expected = [eager_top(tiny_net, photo_bytes(name)) for name in PHOTOS]
+    assert served == expected
+    assert len({tuple(order) for order in served}) == len(PHOTOS)  # answers differ per photo
+
+
+def test_a_torchvision_classifier_by_name_from_a_state_dict(labels_file, tmp_path):
+    torch.manual_seed(0)
+    model = torchvision.models.get_model("mobilenet_v3_small", weights=None, num_classes=10)
+    calibrated_classifier(model, [photo_batch()])
+    weights = tmp_path / "mobilenet.pth"
+    torch.save({"state_dict": model.state_dict(), "epoch": 3}, weights)  # as training scripts save
+    mar = build_archive(describe("mnv3", "torchvision", weights, labels_file,
+                                 architecture="mobilenet_v3_small"), tmp_path / "store")
+    served = served_top(mar, tmp_path / "work")
+    assert served == [eager_top(model, photo_bytes(name)) for name in PHOTOS]
+    assert len({tuple(order) for order in served}) == len(PHOTOS)  # answers differ per photo
+
+
+def test_missing_weights_stop_the_build(labels_file, tmp_path):
+    with pytest.raises(BuildError, match="weights file not found"):
+        build_archive(describe("x", "torchvision", tmp_path / "nope.pth", labels_file,
+                               architecture="resnet18"), tmp_path)
+
+
+def test_unknown_architecture_stops_the_build(labels_file, tmp_path):
+    weights = tmp_path / "w.pth"
+    torch.save({}, weights)
+    with pytest.raises(BuildError, match="unknown torchvision architecture 'resnet1000'"):
+        build_archive(describe("x", "torchvision", weights, labels_file, architecture="resnet1000"),
+                      tmp_path)
+
+
+def test_weights_that_do_not_fit_stop_the_build(tmp_path):
+    weights = tmp_path / "w.pth"
+    torch.save(torchvision.models.get_model("resnet18", num_classes=10).state_dict(), weights)
+    with pytest.raises(BuildError, match="do not fit torchvision:resnet34"):
+        build_archive(describe("x", "torchvision", weights, "imagenet", architecture="resnet34"),
+                      tmp_path)
+    with pytest.raises(BuildError, match="do not fit torchvision:resnet18"):  # 10 classes vs 1000
+        build_archive(describe("x", "torchvision", weights, "imagenet", architecture="resnet18"),
+                      tmp_path)
+    assert not list(tmp_path.glob("*.mar"))
+
+
+def test_a_file_that_is_not_torchscript_stops_the_build(labels_file, tmp_path):
+    bogus = tmp_path / "model.ts"
+    bogus.write_bytes(b"not a program")
+    with pytest.raises(BuildError, match="not a loadable torchscript file"):
+        build_archive(describe("x", "torchscript", bogus, labels_file), tmp_path)
+
+
+def test_bad_handler_options_stop_the_build(tmp_path):
+    description = parse_description({"name": "x", "labels": "imagenet", "handler": {"top_k": -1},
+                                     "model": {"source": "timm", "architecture": "efficientnet_lite0",
+                                               "weights": "package:efficientnet_lite0"}})
+    with pytest.raises(BuildError, match="top_k"):
+        build_archive(description, tmp_path)
+
+
+def test_the_command_line_reports_errors_without_a_traceback(tmp_path, capsys):
+    code = main(["--name", "x", "--source", "torchvision", "--architecture", "resnet18",
+                 "--weights", str(tmp_path / "missing.pth"), "--model-store", str(tmp_path)])
+    assert code == 2
+    assert "error: weights file not found" in capsys.readouterr().err
+
+
+def archive_digest(mar: Path) -> dict[str, str]:
+    with zipfile.ZipFile(mar) as archive:
+        return {name: hashlib.sha256(archive.read(name)).hexdigest()
+                for name in archive.namelist() if name != "MAR-INF/MANIFEST.json"}
+
+
+def test_rebuilding_is_idempotent(model_store, tmp_path):
+    description = load_descriptions(DEFAULT_DESCRIPTIONS)[0]
+    rebuilt = build_archive(description, tmp_path)
+    assert archive_digest(rebuilt) == archive_digest(model_store / description.archive_name)
+    assert archive_digest(build_archive(description, tmp_path)) == archive_digest(rebuilt)
+
+
+def test_the_default_archive_holds_the_handlers_package_and_real_weights(model_store):
+    with zipfile.ZipFile(model_store / "efficientnet_lite0-1.0.mar") as archive:
+        names = set(archive.namelist())
+        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+    assert {"handlers/serving.py", "handlers/decode.py", "labels.json", "model.pt"} <= names
+    assert manifest["model"]["handler"] == "image_classifier.py"
+    assert manifest["model"]["modelVersion"] == "1.0"
+
+
+def test_config_properties_agrees_with_the_model_descriptions():
+    descriptions = load_descriptions(DEFAULT_DESCRIPTIONS)
+    assert config_in_sync(DEFAULT_CONFIG, descriptions)
+    rendered = parse_properties(render_models_block(descriptions))
+    assert rendered["load_models"] == "efficientnet_lite0-1.0.mar"
+    entry = json.loads(rendered["models"])["efficientnet_lite0"]["1.0"]
+    assert entry["batchSize"] == descriptions[0].serving.batch_size
+    assert entry["maxBatchDelay"] == descriptions[0].serving.max_batch_delay_ms

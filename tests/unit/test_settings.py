@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from handlers.settings import SettingsError, parse_classifier_settings
+
+MINIMAL = {"model": {"source": "timm", "architecture": "efficientnet_lite0"}}
+
+
+def test_defaults_fill_what_is_not_given():
+    settings = parse_classifier_settings(MINIMAL)
+    assert (settings.input_size, settings.resize_size, settings.top_k) == (224, 256, 5)
+    assert settings.precision == "fp32" and settings.compile_mode is None
+    assert settings.limits.max_body_bytes == 6_553_500
+
+
+def test_compile_true_means_the_default_mode():
+    assert parse_classifier_settings({**MINIMAL, "compile": True}).compile_mode == "default"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"precision": "int3"}, "precision"),
+    ({"top_k": 0}, "top_k"),
+    ({"preprocess": {"input_size": 300, "resize_size": 256}}, "resize_size"),
+    ({"preprocess": {"mean": [0.5, 0.5]}}, "preprocess.mean"),
+    ({"preprocess": {"std": [0.5, 0.0, 0.5]}}, "preprocess.std"),
+    ({"compile": "fastest"}, "compile"),
+    ({"limits": {"max_pixels": -1}}, "limits.max_pixels"),
+])
+def test_bad_values_name_the_setting(extra, message):
+    with pytest.raises(SettingsError, match=message):
+        parse_classifier_settings({**MINIMAL, **extra})
+
+
+def test_missing_model_section_and_architecture_are_reported():
+    with pytest.raises(SettingsError, match=r"handler\.model"):
+        parse_classifier_settings({"top_k": 3})
+    with pytest.raises(SettingsError, match="architecture"):
+        parse_classifier_settings({"model": {"source": "torchvision"}})
+    with pytest.raises(SettingsError, match="no 'handler:' section"):
+        parse_classifier_settings(None)

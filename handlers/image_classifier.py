@@ -6,8 +6,6 @@ Per request: raw image bytes, a multipart upload or JSON {"data": "<base64>"} ->
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,14 +14,11 @@ from torch import nn
 
 from handlers.classification import ClassScore, top_k_classes
 from handlers.decode import decode_image_bytes
-from handlers.model_loading import load_labels, load_model
+from handlers.model_loading import autocast, compile_if_asked, load_labels, load_model
 from handlers.request_body import extract_image_bytes
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.settings import ClassifierSettings, parse_classifier_settings
 from handlers.transforms import preprocess_classification_batch
-
-logger = logging.getLogger(__name__)
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, torch.Tensor]):
@@ -39,11 +34,7 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
         model = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
         if self.settings.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if self.settings.compile_mode is not None:
-            model = torch.compile(model, mode=self.settings.compile_mode)  # type: ignore[assignment]
-        if self.settings.precision != "fp32" and self.device.type != "cuda":
-            logger.warning("precision=%s applies on CUDA only; running fp32 on %s",
-                           self.settings.precision, self.device)
+        model = compile_if_asked(model, self.settings.compile_mode, self.settings.precision, self.device)
         self.model = model
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> torch.Tensor:
@@ -63,13 +54,12 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
         return batch
 
     def infer(self, model_input: torch.Tensor) -> torch.Tensor:
-        with self._autocast():
+        with autocast(self.device, self.settings.precision):
             logits = self.model(model_input)
         return logits
 
-    def postprocess(
-        self, model_output: torch.Tensor, items: Sequence[torch.Tensor]
-    ) -> list[list[ClassScore]]:
+    def postprocess(self, model_output: torch.Tensor, model_input: torch.Tensor,
+                    items: Sequence[torch.Tensor]) -> list[list[ClassScore]]:
         return top_k_classes(model_output, self.labels, self.settings.top_k)
 
     def warm_up(self, batch_size: int) -> None:
@@ -79,8 +69,3 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
         with torch.inference_mode():
             for count in sizes:
                 self.infer(torch.zeros(count, 3, size, size, device=self.device))
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.device.type == "cuda" and self.settings.precision in AUTOCAST_DTYPES:
-            return torch.autocast("cuda", dtype=AUTOCAST_DTYPES[self.settings.precision])
-        return contextlib.nullcontext()

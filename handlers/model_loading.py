@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,8 @@ import torch
 from torch import nn
 
 from handlers.settings import ModelSource
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_device(gpu_id: int | None) -> torch.device:
@@ -19,11 +23,19 @@ def resolve_device(gpu_id: int | None) -> torch.device:
     return torch.device("cpu")
 
 
+def is_torchvision_detector(architecture: str) -> bool:
+    import torchvision
+
+    return architecture in torchvision.models.list_models(module=torchvision.models.detection)
+
+
 def create_architecture(source: ModelSource) -> nn.Module:
     """An untrained timm or torchvision network of the named architecture."""
     if source.architecture is None:
         raise ValueError(f"source '{source.source}' needs an architecture name")
-    kwargs: dict[str, Any] = {} if source.num_classes is None else {"num_classes": source.num_classes}
+    kwargs: dict[str, Any] = dict(source.builder_kwargs)
+    if source.num_classes is not None:
+        kwargs["num_classes"] = source.num_classes
     if source.source == "timm":
         import timm
 
@@ -31,6 +43,8 @@ def create_architecture(source: ModelSource) -> nn.Module:
     if source.source == "torchvision":
         import torchvision
 
+        if is_torchvision_detector(source.architecture):
+            kwargs["weights_backbone"] = None  # the builder's default would download ImageNet weights
         return torchvision.models.get_model(source.architecture, weights=None, **kwargs)
     raise ValueError(f"source '{source.source}' has no architecture to create")
 
@@ -61,6 +75,26 @@ def load_model(source: ModelSource, weights_path: Path, device: torch.device) ->
     if source.source != "export":  # exported programs have no train/eval switch
         model.eval()
     return model
+
+
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """fp16 / bf16 autocast on CUDA; fp32 (no autocast) otherwise."""
+    if device.type == "cuda" and precision in AUTOCAST_DTYPES:
+        return torch.autocast("cuda", dtype=AUTOCAST_DTYPES[precision])
+    return contextlib.nullcontext()
+
+
+def compile_if_asked(model: nn.Module, compile_mode: str | None, precision: str,
+                     device: torch.device) -> nn.Module:
+    """`torch.compile` the model when a mode is set; warn when a precision cannot apply here."""
+    if precision != "fp32" and device.type != "cuda":
+        logger.warning("precision=%s applies on CUDA only; running fp32 on %s", precision, device)
+    if compile_mode is None:
+        return model
+    return torch.compile(model, mode=compile_mode)  # type: ignore[return-value]
 
 
 def load_labels(path: Path) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from handlers.errors import ClientError
 
@@ -40,8 +40,9 @@ def _as_bytes(value: object) -> bytes | None:
     return None
 
 
-def _multipart_image_bytes(row: Mapping[str, object]) -> bytes:
-    binary_fields = {key: data for key, value in row.items() if (data := _as_bytes(value)) is not None}
+def _multipart_image_bytes(row: Mapping[str, object], other_fields: Collection[str]) -> bytes:
+    binary_fields = {key: data for key, value in row.items()
+                     if key not in other_fields and (data := _as_bytes(value)) is not None}
     for name in IMAGE_FIELD_NAMES:
         if name in binary_fields:
             return binary_fields[name]
@@ -56,8 +57,11 @@ def _multipart_image_bytes(row: Mapping[str, object]) -> bytes:
     )
 
 
-def extract_image_bytes(row: Mapping[str, object]) -> bytes:
-    """Return the encoded image of one request, or raise ClientError(400) saying why not."""
+def extract_image_bytes(row: Mapping[str, object], other_fields: Collection[str] = ()) -> bytes:
+    """Return the encoded image of one request, or raise ClientError(400) saying why not.
+
+    `other_fields` names form fields that carry options, not the image.
+    """
     body = row.get("body")
     if isinstance(body, Mapping):
         data = _json_image_bytes(body)
@@ -71,7 +75,7 @@ def extract_image_bytes(row: Mapping[str, object]) -> bytes:
     elif body is not None and (raw := _as_bytes(body)) is not None:
         data = raw
     else:
-        data = _multipart_image_bytes(row)
+        data = _multipart_image_bytes(row, other_fields)
     if not data:
         raise ClientError(400, "EmptyBody", "the request body is empty")
     return data

@@ -1,8 +1,8 @@
 """The one TorchServe-facing class: the batch contract, per-request statuses, timing, warm-up.
 
 Subclasses implement small hooks, each with one job:
-`load(handler_settings)` -> `decode_request(index, row, header)` per request ->
-`preprocess(items)` -> `infer(model_input)` -> `postprocess(model_output, items)` per good request.
+`load(handler_settings)` -> `decode_request(row, header)` per request -> `preprocess(items)` ->
+`infer(model_input)` -> `postprocess(model_output, model_input, items)`.
 `handle` guarantees one answer per request: a ClientError gets that request a 4xx JSON body,
 everything else in the batch is answered normally. Anything else raised is a server fault and
 fails the batch, as TorchServe reports it (503, or 507 for CUDA errors).
@@ -100,9 +100,10 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
         answers: list[Any] = []
         if decoded.items:
             with torch.inference_mode():
-                model_output = self.infer(self.preprocess(decoded.items))
+                model_input = self.preprocess(decoded.items)
+                model_output = self.infer(model_input)
                 inferred_at = time.perf_counter()
-                answers = self.postprocess(model_output, decoded.items)
+                answers = self.postprocess(model_output, model_input, decoded.items)
         else:
             inferred_at = decoded_at
         outcomes = merge_outcomes(len(data), decoded.indices, answers, decoded.errors)
@@ -137,8 +138,10 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
         """One forward pass over the whole batch."""
 
     @abstractmethod
-    def postprocess(self, model_output: ModelOutput, items: Sequence[Item]) -> list[Any]:
-        """The batch's output -> one JSON-serialisable answer per item, in order."""
+    def postprocess(self, model_output: ModelOutput, model_input: ModelInput,
+                    items: Sequence[Item]) -> list[Any]:
+        """The batch's output -> one JSON-serialisable answer per item, in order. `model_input` is
+        what `preprocess` returned, with any geometry it recorded (e.g. letterbox parameters)."""
 
     @abstractmethod
     def warm_up(self, batch_size: int) -> None:

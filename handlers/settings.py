@@ -8,10 +8,13 @@ the first request.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from handlers.detection import DetectionOptions
+
 MODEL_SOURCES = ("timm", "torchvision", "torchscript", "export")
+DETECTION_OUTPUTS = ("torchvision", "yolo")
 PRECISIONS = ("fp32", "fp16", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # TorchServe's own default max_request_size; keep the two consistent.
@@ -39,6 +42,8 @@ class ModelSource:
     source: str
     architecture: str | None
     num_classes: int | None
+    # Extra keyword arguments for the architecture's builder, e.g. a detector's score_thresh.
+    builder_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,10 @@ def parse_model_source(section: Mapping[str, Any]) -> ModelSource:
     num_classes = section.get("num_classes")
     if num_classes is not None:
         num_classes = _positive_int(num_classes, "model.num_classes")
-    return ModelSource(source=source, architecture=architecture, num_classes=num_classes)
+    builder_kwargs = section.get("kwargs") or {}
+    if not isinstance(builder_kwargs, Mapping):
+        raise SettingsError(f"'model.kwargs' must be a mapping, got {builder_kwargs!r}")
+    return ModelSource(source, architecture, num_classes, dict(builder_kwargs))
 
 
 def parse_limits(section: Mapping[str, Any]) -> ImageLimits:
@@ -136,6 +144,71 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         top_k=_positive_int(handler_section.get("top_k", 5), "top_k"),
         precision=_choice(handler_section.get("precision", "fp32"), "precision", PRECISIONS),
         channels_last=bool(handler_section.get("channels_last", False)),
+        compile_mode=parse_compile_mode(handler_section.get("compile")),
+        limits=parse_limits(handler_section.get("limits", {})),
+    )
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    model: ModelSource
+    labels_file: str
+    output_format: str
+    input_size: int
+    letterbox_fill: int
+    defaults: DetectionOptions
+    max_detections_cap: int
+    precision: str
+    compile_mode: str | None
+    limits: ImageLimits
+
+
+def _fraction_setting(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise SettingsError(f"'{name}' must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def parse_detection_defaults(section: Mapping[str, Any]) -> tuple[DetectionOptions, int]:
+    """The default per-request options and the largest max_detections a request may ask for."""
+    cap = _positive_int(section.get("max_detections_cap", 1000), "detection.max_detections_cap")
+    max_detections = _positive_int(section.get("max_detections", 100), "detection.max_detections")
+    if max_detections > cap:
+        raise SettingsError(f"'detection.max_detections' ({max_detections}) exceeds "
+                            f"'detection.max_detections_cap' ({cap})")
+    classes = section.get("classes")
+    if classes is not None and (not isinstance(classes, list)
+                                or not all(isinstance(c, int) and c >= 0 for c in classes)):
+        raise SettingsError(f"'detection.classes' must be a list of class indices, got {classes!r}")
+    options = DetectionOptions(
+        score_threshold=_fraction_setting(section.get("score_threshold", 0.25),
+                                          "detection.score_threshold"),
+        iou_threshold=_fraction_setting(section.get("iou_threshold", 0.45), "detection.iou_threshold"),
+        max_detections=max_detections,
+        classes=frozenset(classes) if classes is not None else None,
+    )
+    return options, cap
+
+
+def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> DetectorSettings:
+    """Parse and validate the `handler:` section of a detection archive's YAML."""
+    if not handler_section:
+        raise SettingsError("the archive's YAML has no 'handler:' section")
+    detection = handler_section.get("detection", {})
+    defaults, cap = parse_detection_defaults(detection)
+    fill = detection.get("letterbox_fill", 114)
+    if isinstance(fill, bool) or not isinstance(fill, int) or not 0 <= fill <= 255:
+        raise SettingsError(f"'detection.letterbox_fill' must be an integer 0..255, got {fill!r}")
+    return DetectorSettings(
+        model=parse_model_source(_require(handler_section, "model", "handler")),
+        labels_file=str(handler_section.get("labels_file", "labels.json")),
+        output_format=_choice(detection.get("output", "torchvision"), "detection.output",
+                              DETECTION_OUTPUTS),
+        input_size=_positive_int(detection.get("input_size", 640), "detection.input_size"),
+        letterbox_fill=fill,
+        defaults=defaults,
+        max_detections_cap=cap,
+        precision=_choice(handler_section.get("precision", "fp32"), "precision", PRECISIONS),
         compile_mode=parse_compile_mode(handler_section.get("compile")),
         limits=parse_limits(handler_section.get("limits", {})),
     )

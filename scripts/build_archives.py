@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,14 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from handlers.model_loading import load_state_dict_model  # noqa: E402
-from handlers.settings import ModelSource, SettingsError, parse_classifier_settings  # noqa: E402
+from handlers.model_loading import create_architecture, load_state_dict_model  # noqa: E402
+from handlers.settings import (  # noqa: E402
+    ModelSource,
+    SettingsError,
+    parse_classifier_settings,
+    parse_detector_settings,
+)
+from scripts.fixed_seed_weights import fixed_seed_model  # noqa: E402
 from scripts.pretrained_weights import WeightsError, packaged_state_dict  # noqa: E402
 from scripts.torchserve_config import models_property  # noqa: E402
 
@@ -40,8 +46,11 @@ DEFAULT_DESCRIPTIONS = REPO_ROOT / "config" / "models.yaml"
 DEFAULT_MODEL_STORE = REPO_ROOT / "model_store"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
 HANDLER_PACKAGE = REPO_ROOT / "handlers"
-ENTRY_MODULES = {"classification": "image_classifier.py"}
-SETTINGS_PARSERS = {"classification": parse_classifier_settings}
+ENTRY_MODULES = {"classification": "image_classifier.py", "detection": "object_detector.py"}
+SETTINGS_PARSERS: dict[str, Callable[[Mapping[str, Any]], object]] = {
+    "classification": parse_classifier_settings,
+    "detection": parse_detector_settings,
+}
 SERIALIZED_NAMES = {"timm": "model.pt", "torchvision": "model.pt", "torchscript": "model.ts.pt",
                     "export": "model.pt2"}
 
@@ -71,6 +80,7 @@ class ModelDescription:
     weights: str
     labels: str
     num_classes: int | None = None
+    builder_kwargs: Mapping[str, Any] = field(default_factory=dict)
     handler_options: Mapping[str, Any] = field(default_factory=dict)
     serving: ServingSettings = ServingSettings()
 
@@ -93,6 +103,7 @@ def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
             weights=str(model["weights"]),
             labels=str(raw["labels"]),
             num_classes=model.get("num_classes"),
+            builder_kwargs=dict(model.get("kwargs") or {}),
             handler_options=dict(raw.get("handler", {})),
             serving=ServingSettings(**raw.get("serving", {})),
         )
@@ -155,19 +166,41 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
         raise BuildError(f"cannot read weights file {path}: {error}") from None
 
 
+def model_source(description: ModelDescription, num_classes: int | None) -> ModelSource:
+    return ModelSource(description.source, description.architecture, num_classes,
+                       dict(description.builder_kwargs))
+
+
+def fixed_seed_state_dict(description: ModelDescription, num_classes: int) -> dict[str, torch.Tensor]:
+    """`fixed-seed:N`: the architecture under seed N, calibrated so answers differ per image."""
+    try:
+        seed = int(description.weights.split(":", 1)[1])
+    except ValueError:
+        raise BuildError(f"{description.name}: 'fixed-seed:N' needs an integer seed, "
+                         f"got {description.weights!r}") from None
+    source = model_source(description, num_classes)
+    model = fixed_seed_model(lambda: create_architecture(source), seed,
+                             detector=description.task == "detection")
+    return model.state_dict()
+
+
 def write_state_dict(description: ModelDescription, num_classes: int, target: Path) -> None:
-    """Resolve, check against the architecture (strict: every key, every shape), and save."""
-    if description.weights.startswith("package:"):
+    """Resolve, check against the architecture (strict: every key, every shape), and save.
+
+    `weights` is a state-dict file, `package:NAME` (real weights shipped in a package) or
+    `fixed-seed:N` (the architecture's own initialisation under seed N, calibrated)."""
+    if description.weights.startswith("fixed-seed:"):
+        state_dict: Mapping[str, torch.Tensor] = fixed_seed_state_dict(description, num_classes)
+    elif description.weights.startswith("package:"):
         try:
-            state_dict: Mapping[str, torch.Tensor] = packaged_state_dict(description.weights[8:])
+            state_dict = packaged_state_dict(description.weights[8:])
         except WeightsError as error:
             raise BuildError(str(error)) from None
     else:
         state_dict = load_weights_file(Path(description.weights).expanduser())
     torch.save(dict(state_dict), target)
-    source = ModelSource(description.source, description.architecture, num_classes)
     try:
-        load_state_dict_model(source, target)
+        load_state_dict_model(model_source(description, num_classes), target)
     except (RuntimeError, ValueError) as error:
         raise BuildError(f"{description.name}: the weights do not fit "
                          f"{description.source}:{description.architecture}: {error}") from None
@@ -209,7 +242,7 @@ def handler_section(description: ModelDescription, num_classes: int | None) -> d
     """The archive YAML's `handler:` section, validated with the handler's own parser."""
     section = dict(description.handler_options)
     section["model"] = {"source": description.source, "architecture": description.architecture,
-                        "num_classes": num_classes}
+                        "num_classes": num_classes, "kwargs": dict(description.builder_kwargs)}
     section["labels_file"] = "labels.json"
     try:
         SETTINGS_PARSERS[description.task](section)
@@ -313,10 +346,15 @@ def description_from_flags(args: argparse.Namespace) -> ModelDescription:
     options: dict[str, Any] = {}
     if args.top_k:
         options["top_k"] = args.top_k
+    if args.task == "detection":
+        options["detection"] = {"output": args.detection_output}
+        if args.input_size:
+            options["detection"]["input_size"] = args.input_size
+    labels = args.labels or ("coco" if args.task == "detection" else "imagenet")
     return parse_description({
-        "name": args.name, "version": args.version, "task": args.task, "labels": args.labels,
+        "name": args.name, "version": args.version, "task": args.task, "labels": labels,
         "model": {"source": args.source, "architecture": args.architecture,
-                  "weights": args.weights, "num_classes": args.num_classes},
+                  "weights": args.weights, "num_classes": args.num_classes, "kwargs": args.kwargs},
         "handler": options,
     })
 
@@ -339,9 +377,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     single.add_argument("--source", choices=sorted(SERIALIZED_NAMES), default="torchvision")
     single.add_argument("--architecture", help="timm or torchvision model name, e.g. resnet50")
     single.add_argument("--weights", help="state-dict file, or TorchScript / torch.export file")
-    single.add_argument("--labels", default="imagenet", help="imagenet, coco, or a labels file")
+    single.add_argument("--labels", help="imagenet, coco, or a labels file "
+                        "(default: imagenet for classification, coco for detection)")
     single.add_argument("--num-classes", type=int)
-    single.add_argument("--top-k", type=int)
+    single.add_argument("--top-k", type=int, help="classification: classes returned")
+    single.add_argument("--detection-output", choices=("torchvision", "yolo"), default="torchvision",
+                        help="detection: a torchvision detector, or a YOLO-style [B, 4+C, N] model")
+    single.add_argument("--input-size", type=int, help="detection (yolo): square input size")
+    single.add_argument("--kwargs", type=json.loads, default={},
+                        help='JSON keyword arguments for the architecture builder, e.g. '
+                             '\'{"box_score_thresh": 0.01}\'')
     return parser.parse_args(argv)
 
 

@@ -10,13 +10,19 @@ $PY scripts/build_archives.py
 $PY scripts/torchserve_process.py start
 PHOTOS=$($PY -c 'import pathlib, skimage; print(pathlib.Path(skimage.__file__).parent / "data")')
 echo
-$PY scripts/classify.py "$PHOTOS/chelsea.png"
+$PY scripts/predict.py "$PHOTOS/chelsea.png" --model efficientnet_lite0
+echo
+echo "The detector below runs the real SSDlite320-MobileNetV3 architecture with fixed-seed weights"
+echo "(no COCO weights can be installed here), so its boxes are not meaningful; see the README to"
+echo "build it from a real checkpoint."
+$PY scripts/predict.py "$PHOTOS/astronaut.png" --model ssdlite320 --max-detections 5
 cat <<TEXT
 
 TorchServe is running on 127.0.0.1 (inference :8080, management :8081, metrics :8082; logs in .run/logs).
 Send your own image:
   curl -T my_photo.jpg http://127.0.0.1:8080/predictions/efficientnet_lite0
-  .venv/bin/python scripts/classify.py my_photo.jpg
+  curl -T my_photo.jpg -H 'X-Score-Threshold: 0.5' http://127.0.0.1:8080/predictions/ssdlite320
+  .venv/bin/python scripts/predict.py my_photo.jpg [--model ssdlite320]
 Stop the server:
   .venv/bin/python scripts/torchserve_process.py stop
 TEXT

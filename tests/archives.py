@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
 import yaml
 
 from handlers.image_classifier import ImageClassifierHandler
+from handlers.object_detector import ObjectDetectorHandler
+from scripts.build_archives import ModelDescription, stage_files
 from tests.fake_context import FakeContext
 
 
@@ -29,5 +32,25 @@ def archive_context(model_dir: Path, batch_size: int = 8,
 def load_classifier(mar_path: Path, work_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:
     model_dir = extract_archive(mar_path, work_dir / mar_path.stem)
     handler = ImageClassifierHandler()
+    handler.initialize(archive_context(model_dir, batch_size))
+    return handler
+
+
+def stage_model_dir(description: ModelDescription, target: Path) -> Path:
+    """The directory a worker would see for `description`, staged without zipping an archive
+    (for large test models; the archiver itself is exercised by the other tests)."""
+    weights = stage_files(description, target)
+    model_dir = target / "extra"
+    shutil.move(weights, model_dir / weights.name)
+    shutil.move(target / "model-config.yaml", model_dir / "model-config.yaml")
+    manifest = {"model": {"modelName": description.name, "modelVersion": description.version,
+                          "serializedFile": weights.name, "configFile": "model-config.yaml"}}
+    (model_dir / "MAR-INF").mkdir()
+    (model_dir / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+    return model_dir
+
+
+def load_detector(model_dir: Path, batch_size: int = 4) -> ObjectDetectorHandler:
+    handler = ObjectDetectorHandler()
     handler.initialize(archive_context(model_dir, batch_size))
     return handler

@@ -59,6 +59,6 @@ def started_server(run_dir: Path, model_store: Path, **overrides: str) -> Iterat
 
 
 @pytest.fixture(scope="session")
-def classifier_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory
+def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory
                       ) -> Iterator[TorchServeInstance]:
     yield from started_server(tmp_path_factory.mktemp("torchserve"), model_store)

@@ -6,11 +6,12 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 
 _local = threading.local()
+T = TypeVar("T")
 
 
 def session() -> requests.Session:
@@ -32,7 +33,7 @@ def post_image(url: str, image: bytes, content_type: str = "application/octet-st
     return Reply(answer.status_code, answer.json(), int(batch_size) if batch_size else None)
 
 
-def concurrently(calls: Sequence[Callable[[], Reply]], clients: int) -> list[Reply]:
+def concurrently(calls: Sequence[Callable[[], T]], clients: int) -> list[T]:
     """Run the calls from `clients` threads at once; replies in call order."""
     with ThreadPoolExecutor(max_workers=clients) as pool:
         return list(pool.map(lambda call: call(), calls))

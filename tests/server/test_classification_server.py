@@ -21,11 +21,11 @@ def url(server: TorchServeInstance, model: str = "efficientnet_lite0") -> str:
 
 
 @pytest.fixture(scope="module")
-def solo_answers(classifier_server) -> dict[str, list[dict]]:
+def solo_answers(server) -> dict[str, list[dict]]:
     """Each photo's answer when sent alone, one request at a time."""
     answers = {}
     for name in PHOTOS:
-        reply = post_image(url(classifier_server), photo_bytes(name))
+        reply = post_image(url(server), photo_bytes(name))
         assert reply.status == 200 and reply.batch_size == 1
         answers[name] = reply.body
     return answers
@@ -43,9 +43,9 @@ def test_chelsea_is_a_cat_and_every_photo_gets_its_own_answer(solo_answers):
     assert len({answer[0]["index"] for answer in solo_answers.values()}) == len(PHOTOS)
 
 
-def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(classifier_server, solo_answers):
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, solo_answers):
     names = PHOTOS * 8
-    calls = [functools.partial(post_image, url(classifier_server), photo_bytes(n)) for n in names]
+    calls = [functools.partial(post_image, url(server), photo_bytes(n)) for n in names]
     replies = concurrently(calls, clients=16)
     assert all(reply.status == 200 for reply in replies)
     for name, reply in zip(names, replies, strict=True):
@@ -54,7 +54,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(classifier
     assert max(sizes) > 1, f"no batch formed: {sizes}"
 
 
-def test_a_bad_input_in_a_batch_gets_its_4xx_and_its_batch_mates_their_answers(classifier_server,
+def test_a_bad_input_in_a_batch_gets_its_4xx_and_its_batch_mates_their_answers(server,
                                                                              solo_answers):
     bad = {b"not an image at all": 400, b"\xff\xd8\xff\xe0" + b"\x00" * 100: 400,
            png_declaring_size(9000, 9000): 413}
@@ -63,7 +63,7 @@ def test_a_bad_input_in_a_batch_gets_its_4xx_and_its_batch_mates_their_answers(c
         for photo in PHOTOS[:3]:
             payloads.append((photo_bytes(photo), photo))
         payloads.append((list(bad)[round_index % len(bad)], None))
-    calls = [functools.partial(post_image, url(classifier_server), data) for data, _ in payloads]
+    calls = [functools.partial(post_image, url(server), data) for data, _ in payloads]
     replies = concurrently(calls, clients=12)
     mixed_batch_seen = False
     for (data, name), reply in zip(payloads, replies, strict=True):
@@ -75,26 +75,26 @@ def test_a_bad_input_in_a_batch_gets_its_4xx_and_its_batch_mates_their_answers(c
             assert reply.status == 200
             assert_same_answer(reply.body, solo_answers[name])
     assert mixed_batch_seen, "no bad request shared a batch with others"
-    assert ping(classifier_server)
+    assert ping(server)
 
 
-def test_raw_multipart_and_json_base64_bodies_give_the_same_answer(classifier_server, solo_answers):
+def test_raw_multipart_and_json_base64_bodies_give_the_same_answer(server, solo_answers):
     image = photo_bytes("coffee.png")
-    multipart = requests.post(url(classifier_server), files={"data": ("coffee.png", image)}, timeout=60)
-    as_json = requests.post(url(classifier_server), timeout=60,
+    multipart = requests.post(url(server), files={"data": ("coffee.png", image)}, timeout=60)
+    as_json = requests.post(url(server), timeout=60,
                             json={"data": base64.b64encode(image).decode()})
-    raw_put = requests.put(url(classifier_server), data=image, timeout=60)  # as `curl -T` sends it
+    raw_put = requests.put(url(server), data=image, timeout=60)  # as `curl -T` sends it
     for answer in (multipart, as_json, raw_put):
         assert answer.status_code == 200, answer.text
         assert_same_answer(answer.json(), solo_answers["coffee.png"])
 
 
-def test_other_formats_and_modes_are_classified(classifier_server):
+def test_other_formats_and_modes_are_classified(server):
     image = textured_rgb(120, 160, seed=5)
     for data in (encode(image, "WEBP"), encode(image.convert("L"), "BMP"),
                  encode(image.convert("CMYK"), "JPEG"), encode(image.convert("P"), "GIF"),
                  encode(image, "TIFF")):
-        reply = post_image(url(classifier_server), data)
+        reply = post_image(url(server), data)
         assert reply.status == 200 and len(reply.body) == 5
 
 
@@ -103,31 +103,31 @@ def test_other_formats_and_modes_are_classified(classifier_server):
     (b"hello, world", 400, "NotAnImage"),
     (png_declaring_size(20000, 20000), 413, "ImageTooLarge"),
 ])
-def test_bad_inputs_alone_get_json_errors(classifier_server, payload, status, error_type):
-    reply = post_image(url(classifier_server), payload)
+def test_bad_inputs_alone_get_json_errors(server, payload, status, error_type):
+    reply = post_image(url(server), payload)
     assert (reply.status, reply.body["type"]) == (status, error_type)
 
 
-def test_a_body_over_max_request_size_gets_413_from_the_frontend(classifier_server):
-    reply = requests.post(url(classifier_server), data=b"\xff" * 7_000_000, timeout=60,
+def test_a_body_over_max_request_size_gets_413_from_the_frontend(server):
+    reply = requests.post(url(server), data=b"\xff" * 7_000_000, timeout=60,
                           headers={"Content-Type": "application/octet-stream"})
     assert reply.status_code == 413
-    assert ping(classifier_server)
+    assert ping(server)
 
 
-def test_unknown_model_is_404(classifier_server):
-    reply = requests.post(url(classifier_server, "no_such_model"), data=b"x", timeout=30,
+def test_unknown_model_is_404(server):
+    reply = requests.post(url(server, "no_such_model"), data=b"x", timeout=30,
                           headers={"Content-Type": "image/jpeg"})
     assert reply.status_code == 404
 
 
-def test_batch_settings_come_from_config_properties(classifier_server):
-    described = requests.get(f"{classifier_server.management_url}/models/efficientnet_lite0",
+def test_batch_settings_come_from_config_properties(server):
+    described = requests.get(f"{server.management_url}/models/efficientnet_lite0",
                              timeout=30).json()[0]
     assert (described["batchSize"], described["maxBatchDelay"]) == (8, 20)
     assert described["minWorkers"] == 1 and described["workers"][0]["status"] == "READY"
 
 
-def test_replies_carry_the_batch_size_they_were_served_in(classifier_server):
-    reply: Reply = post_image(url(classifier_server), photo_bytes("rocket.jpg"))
+def test_replies_carry_the_batch_size_they_were_served_in(server):
+    reply: Reply = post_image(url(server), photo_bytes("rocket.jpg"))
     assert reply.batch_size == 1

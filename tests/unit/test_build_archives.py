@@ -194,7 +194,7 @@ def test_config_properties_agrees_with_the_model_descriptions():
     descriptions = load_descriptions(DEFAULT_DESCRIPTIONS)
     assert config_in_sync(DEFAULT_CONFIG, descriptions)
     rendered = parse_properties(render_models_block(descriptions))
-    assert rendered["load_models"] == "efficientnet_lite0-1.0.mar"
+    assert rendered["load_models"].split(",") == [d.archive_name for d in descriptions]
     entry = json.loads(rendered["models"])["efficientnet_lite0"]["1.0"]
     assert entry["batchSize"] == descriptions[0].serving.batch_size
     assert entry["maxBatchDelay"] == descriptions[0].serving.max_batch_delay_ms

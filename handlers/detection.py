@@ -1,0 +1,101 @@
+"""Detection postprocessing: YOLO-style output decoding, per-request filtering, JSON answers.
+
+Boxes are `float[N, 4]` xyxy; scores `float[N]`; class indices `int64[N]`; all three stay on the
+device they came from until `format_detections` moves the final few to the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, TypedDict
+
+import torch
+from torchvision.ops import batched_nms, box_convert
+
+from handlers.letterbox import Letterbox
+
+
+@dataclass(frozen=True)
+class DetectionOptions:
+    """What one request asks for: thresholds, a cap and an optional class filter."""
+
+    score_threshold: float
+    iou_threshold: float
+    max_detections: int
+    classes: frozenset[int] | None = None
+
+
+@dataclass(frozen=True)
+class DetectionRequest:
+    """One decoded request: its image (`uint8[3, H, W]`, display orientation) and its options."""
+
+    image: torch.Tensor
+    options: DetectionOptions
+
+
+@dataclass(frozen=True)
+class DetectorInput:
+    """A list of float images (torchvision), or a letterboxed batch and its letterboxes (YOLO)."""
+
+    images: list[torch.Tensor] | torch.Tensor
+    letterboxes: list[Letterbox] | None = None
+
+
+class Detections(NamedTuple):
+    boxes_xyxy: torch.Tensor
+    scores: torch.Tensor
+    class_indices: torch.Tensor
+
+
+class Detection(TypedDict):
+    label: str
+    index: int
+    score: float
+    box: list[float]
+
+
+def select_detections(detections: Detections, options: DetectionOptions) -> Detections:
+    """Keep scores >= threshold and (when given) the requested classes; best first; at most
+    `max_detections`. Returns new tensors."""
+    keep = detections.scores >= options.score_threshold
+    if options.classes is not None:
+        wanted = torch.tensor(sorted(options.classes), device=detections.class_indices.device,
+                              dtype=detections.class_indices.dtype)
+        keep &= torch.isin(detections.class_indices, wanted)
+    scores = detections.scores[keep]
+    order = torch.argsort(scores, descending=True, stable=True)[: options.max_detections]
+    return Detections(detections.boxes_xyxy[keep][order], scores[order],
+                      detections.class_indices[keep][order])
+
+
+def decode_yolo_output(raw: torch.Tensor, options: DetectionOptions) -> Detections:
+    """One image's `float[4 + C, N]` YOLO output (cx, cy, w, h in input pixels, then C class scores)
+    -> boxes after per-class NMS, in input pixels, best first.
+
+    Each of the N candidates keeps its best class. Thresholds and the class filter are applied
+    before NMS (as Ultralytics does), the cap after it.
+    """
+    if raw.ndim != 2 or raw.shape[0] < 5:
+        raise ValueError(f"expected a YOLO output of shape [4 + C, N], got {tuple(raw.shape)}")
+    candidates = raw.transpose(0, 1).float()
+    scores, class_indices = candidates[:, 4:].max(dim=1)
+    boxes = box_convert(candidates[:, :4], in_fmt="cxcywh", out_fmt="xyxy")
+    unlimited = DetectionOptions(options.score_threshold, options.iou_threshold,
+                                 max_detections=candidates.shape[0], classes=options.classes)
+    boxes, scores, class_indices = select_detections(Detections(boxes, scores, class_indices),
+                                                     unlimited)
+    keep = batched_nms(boxes, scores, class_indices, options.iou_threshold)[: options.max_detections]
+    return Detections(boxes[keep], scores[keep], class_indices[keep])
+
+
+def format_detections(detections: Detections, labels: Sequence[str]) -> list[Detection]:
+    """Detections -> JSON-ready dicts, in the order given (best first)."""
+    boxes = detections.boxes_xyxy.float().cpu().tolist()
+    scores = detections.scores.float().cpu().tolist()
+    indices = detections.class_indices.cpu().tolist()
+    return [
+        Detection(label=labels[index] if 0 <= index < len(labels) else str(index), index=index,
+                  score=score, box=[round(value, 2) for value in box])
+        for box, score, index in zip(boxes, scores, indices, strict=True)
+    ]

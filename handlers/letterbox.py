@@ -1,0 +1,85 @@
+"""Letterboxing for square-input detectors: resize keeping aspect ratio, pad to a square.
+
+The parameters of each letterbox are returned with the image and passed to postprocessing,
+which maps boxes back with them; they are never re-derived from shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torchvision.ops import clip_boxes_to_image
+from torchvision.transforms.v2 import functional as F
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """How one image was placed in the square model input.
+
+    The original `original_hw` image was resized to `resized_hw` and pasted at
+    (`pad_left`, `pad_top`) into an `input_size` x `input_size` canvas.
+    """
+
+    original_hw: tuple[int, int]
+    resized_hw: tuple[int, int]
+    pad_top: int
+    pad_left: int
+    input_size: int
+
+    @property
+    def scale_y(self) -> float:
+        return self.resized_hw[0] / self.original_hw[0]
+
+    @property
+    def scale_x(self) -> float:
+        return self.resized_hw[1] / self.original_hw[1]
+
+
+def letterbox_geometry(original_hw: tuple[int, int], input_size: int) -> Letterbox:
+    """The largest aspect-preserving fit of `original_hw` into the square, centred."""
+    height, width = original_hw
+    ratio = min(input_size / height, input_size / width)
+    resized_h = max(1, min(input_size, round(height * ratio)))
+    resized_w = max(1, min(input_size, round(width * ratio)))
+    return Letterbox(original_hw, (resized_h, resized_w), (input_size - resized_h) // 2,
+                     (input_size - resized_w) // 2, input_size)
+
+
+def letterbox_image(image: torch.Tensor, input_size: int, fill: int) -> tuple[torch.Tensor, Letterbox]:
+    """`uint8[3, H, W]` -> (`uint8[3, S, S]`, its Letterbox). The input is not modified."""
+    geometry = letterbox_geometry((image.shape[-2], image.shape[-1]), input_size)
+    resized = F.resize(image, list(geometry.resized_hw), antialias=True)
+    canvas = torch.full((image.shape[0], input_size, input_size), fill, dtype=image.dtype,
+                        device=image.device)
+    top, left = geometry.pad_top, geometry.pad_left
+    canvas[:, top: top + geometry.resized_hw[0], left: left + geometry.resized_hw[1]] = resized
+    return canvas, geometry
+
+
+def letterbox_batch(images: Sequence[torch.Tensor], input_size: int, fill: int,
+                    device: torch.device) -> tuple[torch.Tensor, list[Letterbox]]:
+    """Decoded images -> (`float32[B, 3, S, S]` in [0, 1] on `device`, one Letterbox per image)."""
+    if not images:
+        raise ValueError("letterbox_batch needs at least one image")
+    boxed = [letterbox_image(image.to(device, non_blocking=True), input_size, fill) for image in images]
+    batch = torch.stack([canvas for canvas, _ in boxed])
+    return F.to_dtype(batch, torch.float32, scale=True), [geometry for _, geometry in boxed]
+
+
+def boxes_to_original(boxes_xyxy: torch.Tensor, letterbox: Letterbox) -> torch.Tensor:
+    """`float[N, 4]` xyxy in model-input pixels -> xyxy in original pixels, clipped to the image.
+
+    Returns a new tensor; the input is not modified.
+    """
+    offset = boxes_xyxy.new_tensor([letterbox.pad_left, letterbox.pad_top] * 2)
+    scale = boxes_xyxy.new_tensor([letterbox.scale_x, letterbox.scale_y] * 2)
+    return clip_boxes_to_image((boxes_xyxy - offset) / scale, letterbox.original_hw)
+
+
+def boxes_to_letterbox(boxes_xyxy: torch.Tensor, letterbox: Letterbox) -> torch.Tensor:
+    """The inverse of `boxes_to_original` (without clipping): original pixels -> model input."""
+    offset = boxes_xyxy.new_tensor([letterbox.pad_left, letterbox.pad_top] * 2)
+    scale = boxes_xyxy.new_tensor([letterbox.scale_x, letterbox.scale_y] * 2)
+    return boxes_xyxy * scale + offset

@@ -11,12 +11,13 @@ several instances (the demo, test servers) run side by side and stopping one lea
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,18 @@ class TorchServeInstance:
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         return env
 
+    @property
+    def key_file(self) -> Path:
+        """Where TorchServe writes its keys when token authorization is on."""
+        return self.run_dir / "key_file.json"
+
+    def inference_headers(self) -> dict[str, str]:
+        """The inference key when token authorization is on (TorchServe guards /ping with it)."""
+        if not self.key_file.is_file():
+            return {}
+        key = json.loads(self.key_file.read_text())["inference"]["key"]
+        return {"Authorization": f"Bearer {key}"}
+
     def model_log_tail(self, lines: int = 40) -> str:
         log = self.log_dir / "model_log.log"
         if not log.is_file():
@@ -91,20 +104,19 @@ def torchserve_command(instance: TorchServeInstance, extra: Sequence[str] = ()) 
     return [executable, *extra]
 
 
-def ping(instance: TorchServeInstance, headers: Mapping[str, str] | None = None) -> bool:
+def ping(instance: TorchServeInstance) -> bool:
     try:
-        answer = requests.get(f"{instance.inference_url}/ping", headers=headers, timeout=2)
-    except requests.RequestException:
+        answer = requests.get(f"{instance.inference_url}/ping", headers=instance.inference_headers(),
+                              timeout=2)
+    except (requests.RequestException, ValueError, KeyError):
         return False
     return answer.status_code == 200 and answer.json().get("status") == "Healthy"
 
 
-def wait_until_healthy(
-    instance: TorchServeInstance, timeout_s: float, headers: Mapping[str, str] | None = None
-) -> None:
+def wait_until_healthy(instance: TorchServeInstance, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if ping(instance, headers):
+        if ping(instance):
             return
         time.sleep(0.5)
     raise ServerError(f"TorchServe at {instance.inference_url} was not healthy after {timeout_s:.0f} s."

@@ -1,0 +1,300 @@
+"""Manage models on a live TorchServe: list, describe, register, scale, set-default, unregister,
+and safe versioned rollouts and rollbacks.
+
+    python scripts/manage_models.py list
+    python scripts/manage_models.py describe efficientnet_lite0 --json
+    python scripts/manage_models.py register efficientnet_lite0-2.0.mar --batch-size 8 --workers 1
+    python scripts/manage_models.py scale efficientnet_lite0 --version 2.0 --min 2 --max 2
+    python scripts/manage_models.py scale efficientnet_lite0 --workers-per-gpu 2
+    python scripts/manage_models.py rollout efficientnet_lite0 efficientnet_lite0-2.0.mar \\
+        --expect-label "tiger cat" --expect-label tabby --expect-label "Egyptian cat"
+    python scripts/manage_models.py rollout efficientnet_lite0 --same-archive --batch-size 16 \\
+        --max-batch-delay 5          # new batch settings, rolled out as a new version
+    python scripts/manage_models.py rollback efficientnet_lite0
+
+The management address comes from --management-url or TS_MANAGEMENT_URL (default
+http://127.0.0.1:8081), the inference address from --inference-url or TS_INFERENCE_URL. With token
+authorization on, pass TorchServe's key file with --key-file or TS_KEY_FILE. --dry-run prints the
+calls that would change the server (reads still run). Exit status: 0 on success, 1 when the server
+refused or a rollout failed (and was undone), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.management_client import ManagementError, TorchServeClient  # noqa: E402
+from scripts.rollout import (  # noqa: E402
+    RolloutError,
+    RolloutPlan,
+    ServingSettings,
+    archive_manifest,
+    archive_with_version,
+    default_version,
+    record,
+    rollback,
+    rollout,
+    settings_version,
+    wait_for_workers,
+)
+
+DEFAULT_STORE = REPO_ROOT / "model_store"
+DEFAULT_HISTORY = REPO_ROOT / ".run" / "rollout_history.json"
+
+
+def default_smoke_image() -> Path:
+    import skimage
+
+    return Path(skimage.__file__).parent / "data" / "chelsea.png"
+
+
+# --- output -------------------------------------------------------------------------------------
+def describe_lines(description: dict[str, Any]) -> list[str]:
+    queue = description.get("jobQueueStatus", {})
+    lines = [f"{description['modelName']} {description['modelVersion']}  ({description['modelUrl']})",
+             f"  batch size {description['batchSize']}, max batch delay {description['maxBatchDelay']} ms,"
+             f" workers min {description['minWorkers']} / max {description['maxWorkers']},"
+             f" response timeout {description['responseTimeout']} s",
+             f"  queue: {queue.get('pendingRequests', '?')} pending,"
+             f" {queue.get('remainingCapacity', '?')} free"]
+    for worker in description.get("workers", []):
+        device = f"GPU {worker.get('gpuUsage')}" if worker.get("gpu") else "CPU"
+        lines.append(f"  worker {worker['id']}: {worker['status']}, pid {worker.get('pid')}, {device}")
+    return lines
+
+
+def say(answer: Any) -> None:
+    """Print a management answer's status line."""
+    print(answer.get("status", answer) if isinstance(answer, dict) else answer)
+
+
+def show(value: Any, as_json: bool, lines: list[str]) -> None:
+    print(json.dumps(value, indent=2) if as_json else "\n".join(lines))
+
+
+# --- worker counts ------------------------------------------------------------------------------
+def gpu_count(client: TorchServeClient, gpus: int | None) -> int:
+    """GPUs of the server host: --gpus, or this machine's when the server is on loopback."""
+    if gpus is not None:
+        return gpus
+    host = urlparse(client.management_url).hostname or ""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise RolloutError("the server is not on this machine: say how many GPUs it has with --gpus")
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def worker_counts(args: argparse.Namespace, client: TorchServeClient,
+                  fallback: tuple[int, int]) -> tuple[int, int]:
+    """(min, max) workers from --workers-per-gpu, --min/--max or --workers, else `fallback`."""
+    if getattr(args, "workers_per_gpu", None):
+        gpus = gpu_count(client, args.gpus)
+        if gpus == 0:
+            raise RolloutError("this host has no GPU: give worker counts with --min/--max instead")
+        total = args.workers_per_gpu * gpus
+        return total, total
+    low = getattr(args, "min", None) or getattr(args, "workers", None) or fallback[0]
+    high = getattr(args, "max", None) or max(low, getattr(args, "workers", None) or fallback[1])
+    if high < low:
+        raise RolloutError(f"--max ({high}) is below --min ({low})")
+    return low, high
+
+
+# --- commands -----------------------------------------------------------------------------------
+def command_list(client: TorchServeClient, args: argparse.Namespace) -> None:
+    models = client.list_models()
+    described = [v for m in models for v in client.describe(m["modelName"], "all")]
+    lines = [line for d in described for line in describe_lines(d)] or ["no models registered"]
+    show(described, args.json, lines)
+
+
+def command_describe(client: TorchServeClient, args: argparse.Namespace) -> None:
+    described = client.describe(args.model, args.version)
+    show(described, args.json, [line for d in described for line in describe_lines(d)])
+
+
+def command_register(client: TorchServeClient, args: argparse.Namespace) -> None:
+    manifest = archive_manifest(args.model_store / args.archive)
+    low, high = worker_counts(args, client, (1, 1))
+    say(client.register(args.archive, args.batch_size, args.max_batch_delay, low,
+                        args.response_timeout))
+    client.scale(manifest["modelName"], manifest["modelVersion"], low, high)
+    wait_for_workers(client, manifest["modelName"], manifest["modelVersion"], low, args.timeout)
+    print(f"{manifest['modelName']} {manifest['modelVersion']}: {low} worker(s) ready")
+
+
+def command_scale(client: TorchServeClient, args: argparse.Namespace) -> None:
+    current = client.describe(args.model, args.version)[0]
+    version = current["modelVersion"]
+    low, high = worker_counts(args, client, (current["minWorkers"], current["maxWorkers"]))
+    say(client.scale(args.model, version, low, high))
+    wait_for_workers(client, args.model, version, low, args.timeout)
+    print(f"{args.model} {version}: workers min {low} / max {high}")
+
+
+def command_set_default(client: TorchServeClient, args: argparse.Namespace) -> None:
+    say(client.set_default(args.model, args.version))
+
+
+def command_unregister(client: TorchServeClient, args: argparse.Namespace) -> None:
+    say(client.unregister(args.model, args.version))
+
+
+def rollout_plan(client: TorchServeClient, args: argparse.Namespace, archive: str) -> RolloutPlan:
+    current = default_version(client, args.model)
+    base = (ServingSettings.of_version(current) if current
+            else ServingSettings(8, 20, 1, 1, 60))
+    low, high = worker_counts(args, client, (base.min_workers, base.max_workers))
+    settings = ServingSettings(
+        batch_size=args.batch_size or base.batch_size,
+        max_batch_delay_ms=args.max_batch_delay if args.max_batch_delay is not None
+        else base.max_batch_delay_ms,
+        min_workers=low, max_workers=high,
+        response_timeout_s=args.response_timeout or base.response_timeout_s)
+    return RolloutPlan(model=args.model, archive=archive, settings=settings,
+                       smoke_image=args.smoke_image.read_bytes(),
+                       expect_labels=frozenset(args.expect_label or ()),
+                       compare_with_current=args.compare_with_current, keep_old=args.keep_old,
+                       drain_timeout_s=args.drain_timeout, drain_grace_s=args.drain_grace,
+                       workers_timeout_s=args.timeout)
+
+
+def command_rollout(client: TorchServeClient, args: argparse.Namespace) -> None:
+    archive = args.archive
+    if args.same_archive:
+        current = default_version(client, args.model)
+        if current is None:
+            raise RolloutError(f"{args.model} is not registered: nothing to re-roll")
+        plan = rollout_plan(client, args, current["modelUrl"])
+        version = settings_version(current["modelVersion"], plan.settings)
+        archive = (f"{args.model}-{version}.mar" if client.dry_run
+                   else archive_with_version(args.model_store, current["modelUrl"], version))
+        print(f"new batch settings as version {version} ({archive})")
+    elif archive is None:
+        raise RolloutError("give the new archive, or --same-archive with new batch settings")
+    plan = rollout_plan(client, args, archive)
+    if client.dry_run and args.same_archive:
+        print(f"[dry-run] would copy {plan.archive} and roll it out with {plan.settings}")
+        return
+    entry = rollout(client, plan, args.model_store, print)
+    if not client.dry_run:
+        record(args.history, entry)
+    print(f"rolled out {args.model} {entry['to_version']} (was {entry['from_version']})")
+
+
+def command_rollback(client: TorchServeClient, args: argparse.Namespace) -> None:
+    template = rollout_plan(client, args, archive="")
+    entry = rollback(client, args.model, args.history, args.model_store, template, print)
+    if not client.dry_run:
+        record(args.history, entry)
+    print(f"rolled back {args.model} to {entry['to_version']}")
+
+
+# --- arguments ----------------------------------------------------------------------------------
+def add_workers(parser: argparse.ArgumentParser, with_total: bool) -> None:
+    parser.add_argument("--min", type=int, help="minimum workers")
+    parser.add_argument("--max", type=int, help="maximum workers")
+    if with_total:
+        parser.add_argument("--workers", type=int, help="workers (min = max)")
+    parser.add_argument("--workers-per-gpu", type=int,
+                        help="k workers on each GPU of the host: min = max = k x GPUs")
+    parser.add_argument("--gpus", type=int, help="GPUs of the server host (default: this machine's)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for workers")
+
+
+def add_batching(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-batch-delay", type=int, help="milliseconds")
+    parser.add_argument("--response-timeout", type=int, help="seconds")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--management-url", help="default: $TS_MANAGEMENT_URL or :8081 on 127.0.0.1")
+    common.add_argument("--inference-url", help="default: $TS_INFERENCE_URL or :8080 on 127.0.0.1")
+    common.add_argument("--key-file", help="TorchServe's key_file.json (default: $TS_KEY_FILE)")
+    common.add_argument("--dry-run", action="store_true", help="print changing calls, do not send")
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+    common.add_argument("--model-store", type=Path, default=DEFAULT_STORE)
+    common.add_argument("--history", type=Path, default=DEFAULT_HISTORY,
+                        help="rollout history file (for rollback)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", parents=[common], help="models, versions, workers, queues")
+    describe = commands.add_parser("describe", parents=[common], help="one model's versions")
+    describe.add_argument("model")
+    describe.add_argument("--version", default="all")
+    register = commands.add_parser("register", parents=[common], help="register an archive")
+    register.add_argument("archive", help="a .mar file name in the model store")
+    add_workers(register, with_total=True)
+    register.add_argument("--batch-size", type=int, default=8)
+    register.add_argument("--max-batch-delay", type=int, default=20, help="milliseconds")
+    register.add_argument("--response-timeout", type=int, default=60, help="seconds")
+    scale = commands.add_parser("scale", parents=[common], help="set a version's worker counts")
+    scale.add_argument("model")
+    scale.add_argument("--version", default=None, help="default: the default version")
+    add_workers(scale, with_total=True)
+    set_default = commands.add_parser("set-default", parents=[common])
+    set_default.add_argument("model")
+    set_default.add_argument("version")
+    unregister = commands.add_parser("unregister", parents=[common])
+    unregister.add_argument("model")
+    unregister.add_argument("version")
+    for name in ("rollout", "rollback"):
+        sub = commands.add_parser(name, parents=[common],
+                                  help="safe version swap" if name == "rollout"
+                                  else "back to the version before the current one")
+        sub.add_argument("model")
+        if name == "rollout":
+            sub.add_argument("archive", nargs="?", help="the new version's .mar in the model store")
+            sub.add_argument("--same-archive", action="store_true",
+                             help="re-roll the current archive with new batch settings")
+            sub.add_argument("--expect-label", action="append",
+                             help="smoke test passes only with this top label (repeatable)")
+            sub.add_argument("--compare-with-current", action="store_true",
+                             help="smoke test passes only with the current version's top label")
+            sub.add_argument("--keep-old", action="store_true", help="leave the old version registered")
+        add_batching(sub)
+        add_workers(sub, with_total=True)
+        sub.add_argument("--smoke-image", type=Path, default=None, help="default: chelsea.png")
+        sub.add_argument("--drain-timeout", type=float, default=120.0)
+        sub.add_argument("--drain-grace", type=float, default=2.0,
+                         help="seconds to wait after the old queue empties, for its last batch")
+        sub.set_defaults(expect_label=None, compare_with_current=False, keep_old=False,
+                         same_archive=False, archive=None)
+    args = parser.parse_args(argv)
+    if getattr(args, "smoke_image", None) is None and args.command in ("rollout", "rollback"):
+        args.smoke_image = default_smoke_image()
+    return args
+
+
+COMMANDS = {"list": command_list, "describe": command_describe, "register": command_register,
+            "scale": command_scale, "set-default": command_set_default,
+            "unregister": command_unregister, "rollout": command_rollout, "rollback": command_rollback}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    client = TorchServeClient.from_environment(args.management_url, args.inference_url,
+                                               args.key_file, args.dry_run)
+    try:
+        COMMANDS[args.command](client, args)
+    except (ManagementError, RolloutError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""A small client for TorchServe's management and inference APIs.
+
+- Token authorization: with a key file (TorchServe writes `key_file.json` into its working
+  directory), every call carries the right key; an expired key (by the file's expiration time,
+  or refused by the server with InvalidKeyException) is refreshed through `GET /token` with the
+  API key, and the call is retried once. Without a key file, no key is sent.
+- Transient connection errors are retried a bounded number of times, with backoff.
+- `dry_run`: calls that change the server are printed instead of sent; reads still run, so a dry
+  run shows exactly the changes it would make to the server as it is.
+- Any non-2xx answer raises ManagementError carrying the server's own message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import requests
+
+DEFAULT_MANAGEMENT_URL = "http://127.0.0.1:8081"
+DEFAULT_INFERENCE_URL = "http://127.0.0.1:8080"
+MUTATING_METHODS = ("POST", "PUT", "DELETE")
+
+
+class ManagementError(RuntimeError):
+    """A call failed: the HTTP status (0 when the server could not be reached) and its message."""
+
+    def __init__(self, status: int, message: str, call: str) -> None:
+        super().__init__(f"{call} -> {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class KeyFile:
+    """TorchServe's key file: management / inference keys with expiry, and the API key."""
+
+    path: Path
+
+    def read(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as error:
+            raise ManagementError(0, f"cannot read key file {self.path}: {error}", "key file") from None
+
+    def key(self, kind: str) -> str:
+        return str(self.read()[kind]["key"])
+
+    def expired(self, kind: str, margin_s: float = 30.0) -> bool:
+        stamp = self.read()[kind].get("expiration time")
+        if not stamp:
+            return False
+        # e.g. "2026-11-22T01:42:59.967777420Z": nanoseconds, which fromisoformat refuses
+        expires = datetime.fromisoformat(stamp.split(".")[0].rstrip("Z") + "+00:00")
+        return (expires - datetime.now(timezone.utc)).total_seconds() < margin_s
+
+
+@dataclass
+class TorchServeClient:
+    management_url: str = DEFAULT_MANAGEMENT_URL
+    inference_url: str = DEFAULT_INFERENCE_URL
+    key_file: KeyFile | None = None
+    dry_run: bool = False
+    attempts: int = 4
+    timeout_s: float = 300.0
+    session: requests.Session = field(default_factory=requests.Session)
+
+    @classmethod
+    def from_environment(cls, management_url: str | None = None, inference_url: str | None = None,
+                         key_file: str | None = None, dry_run: bool = False) -> TorchServeClient:
+        """Flags win; else TS_MANAGEMENT_URL / TS_INFERENCE_URL / TS_KEY_FILE; else the defaults."""
+        key_path = key_file or os.environ.get("TS_KEY_FILE")
+        return cls(
+            management_url=(management_url or os.environ.get("TS_MANAGEMENT_URL")
+                            or DEFAULT_MANAGEMENT_URL).rstrip("/"),
+            inference_url=(inference_url or os.environ.get("TS_INFERENCE_URL")
+                           or DEFAULT_INFERENCE_URL).rstrip("/"),
+            key_file=KeyFile(Path(key_path)) if key_path else None,
+            dry_run=dry_run,
+        )
+
+    # --- keys ----------------------------------------------------------------------------------
+    def refresh_key(self, kind: str) -> None:
+        """Ask the server for a new `kind` key (it rewrites the key file)."""
+        assert self.key_file is not None
+        answer = self.session.get(f"{self.management_url}/token", params={"type": kind},
+                                  headers={"Authorization": f"Bearer {self.key_file.key('API')}"},
+                                  timeout=30)
+        if answer.status_code >= 300:
+            raise ManagementError(answer.status_code, answer.text, f"GET /token?type={kind}")
+
+    def auth_headers(self, kind: str) -> dict[str, str]:
+        if self.key_file is None:
+            return {}
+        if self.key_file.expired(kind):
+            self.refresh_key(kind)
+        return {"Authorization": f"Bearer {self.key_file.key(kind)}"}
+
+    # --- calls ---------------------------------------------------------------------------------
+    def _send(self, method: str, url: str, kind: str, **kwargs: Any) -> requests.Response:
+        delay_s = 0.5
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return self.session.request(method, url, headers={**kwargs.pop("headers", {}),
+                                                                  **self.auth_headers(kind)},
+                                            timeout=self.timeout_s, **kwargs)
+            except requests.ConnectionError as error:
+                if attempt == self.attempts:
+                    raise ManagementError(0, f"cannot reach the server: {error}",
+                                          f"{method} {url}") from None
+                time.sleep(delay_s)
+                delay_s *= 2
+        raise AssertionError("unreachable")
+
+    def call(self, method: str, path: str, params: dict[str, Any] | None = None,
+             kind: str = "management", **kwargs: Any) -> Any:
+        """One API call; returns the parsed JSON answer (or text), raises ManagementError."""
+        base = self.management_url if kind == "management" else self.inference_url
+        query = f"?{urlencode(params)}" if params else ""
+        url = f"{base}{path}{query}"
+        if self.dry_run and method in MUTATING_METHODS and kind == "management":
+            print(f"[dry-run] {method} {url}")
+            return {"status": "dry run"}
+        answer = self._send(method, url, kind, **kwargs)
+        if answer.status_code >= 300 and self.key_file is not None and "InvalidKey" in answer.text:
+            self.refresh_key(kind)
+            answer = self._send(method, url, kind, **kwargs)
+        if answer.status_code >= 300:
+            raise ManagementError(answer.status_code, server_message(answer), f"{method} {path}{query}")
+        try:
+            return answer.json()
+        except ValueError:
+            return answer.text
+
+    # --- the management API ------------------------------------------------------------------
+    def list_models(self) -> list[dict[str, Any]]:
+        return list(self.call("GET", "/models", {"limit": 1000})["models"])
+
+    def describe(self, model: str, version: str | None = "all") -> list[dict[str, Any]]:
+        """One version, "all" versions, or (version None) the default version of `model`."""
+        return list(self.call("GET", f"/models/{model}" + (f"/{version}" if version else "")))
+
+    def register(self, archive: str, batch_size: int, max_batch_delay_ms: int, initial_workers: int,
+                 response_timeout_s: int) -> Any:
+        return self.call("POST", "/models", {
+            "url": archive, "batch_size": batch_size, "max_batch_delay": max_batch_delay_ms,
+            "initial_workers": initial_workers, "response_timeout": response_timeout_s,
+            "synchronous": "true",
+        })
+
+    def scale(self, model: str, version: str, min_workers: int, max_workers: int) -> Any:
+        return self.call("PUT", f"/models/{model}/{version}", {
+            "min_worker": min_workers, "max_worker": max_workers, "synchronous": "true"})
+
+    def set_default(self, model: str, version: str) -> Any:
+        return self.call("PUT", f"/models/{model}/{version}/set-default")
+
+    def unregister(self, model: str, version: str) -> Any:
+        return self.call("DELETE", f"/models/{model}/{version}")
+
+    def predict(self, model: str, version: str | None, image: bytes) -> Any:
+        path = f"/predictions/{model}" + (f"/{version}" if version else "")
+        return self.call("POST", path, kind="inference", data=image,
+                         headers={"Content-Type": "application/octet-stream"})
+
+
+def server_message(answer: requests.Response) -> str:
+    try:
+        body = answer.json()
+    except ValueError:
+        return answer.text.strip()
+    if isinstance(body, dict) and "message" in body:
+        return f"{body.get('type', '')}: {body['message']}".strip(": ")
+    return json.dumps(body)

@@ -1,0 +1,69 @@
+"""Continuous load for real-server tests: clients send real images without pause until stopped."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sent_at: float
+    received_at: float
+    status: int          # 0 for a connection error or timeout
+    body: Any
+
+
+@dataclass
+class ContinuousLoad:
+    """`clients` threads POSTing `image` to `url` back to back, each on a keep-alive connection."""
+
+    url: str
+    image: bytes
+    clients: int = 4
+    headers: Callable[[], dict[str, str]] = dict
+    max_seconds: float = 300.0
+    outcomes: list[Outcome] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _client(self) -> None:
+        session = requests.Session()
+        deadline = time.monotonic() + self.max_seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            sent_at = time.monotonic()
+            try:
+                answer = session.post(self.url, data=self.image, timeout=60, headers={
+                    "Content-Type": "application/octet-stream", **self.headers()})
+                status, body = answer.status_code, answer.json() if answer.content else None
+            except (requests.RequestException, ValueError) as error:
+                status, body = 0, repr(error)
+            with self._lock:
+                self.outcomes.append(Outcome(sent_at, time.monotonic(), status, body))
+
+    def __enter__(self) -> ContinuousLoad:
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=90)
+
+    def wait_for(self, count: int, timeout_s: float = 60.0) -> None:
+        """Block until at least `count` more answers have arrived."""
+        target = len(self.outcomes) + count
+        deadline = time.monotonic() + timeout_s
+        while len(self.outcomes) < target and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def failures(self) -> list[Outcome]:
+        return [outcome for outcome in self.outcomes if outcome.status != 200]

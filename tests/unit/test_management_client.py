@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import json
+import socket
+import zipfile
+
+import pytest
+
+from scripts import management_client
+from scripts.management_client import KeyFile, ManagementError, TorchServeClient
+from scripts.rollout import ServingSettings, archive_manifest, archive_with_version, settings_version
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_connection_errors_are_retried_a_bounded_number_of_times(monkeypatch):
+    pauses: list[float] = []
+    monkeypatch.setattr(management_client.time, "sleep", pauses.append)
+    client = TorchServeClient(f"http://127.0.0.1:{closed_port()}", attempts=3)
+    with pytest.raises(ManagementError) as caught:
+        client.list_models()
+    assert caught.value.status == 0 and "cannot reach" in caught.value.message
+    assert pauses == [0.5, 1.0]  # three attempts, backing off
+
+
+def test_dry_run_prints_changing_calls_without_sending(capsys):
+    client = TorchServeClient(f"http://127.0.0.1:{closed_port()}", dry_run=True)
+    client.scale("m", "1.0", 2, 3)
+    assert capsys.readouterr().out.strip() == (
+        f"[dry-run] PUT {client.management_url}/models/m/1.0?min_worker=2&max_worker=3&synchronous=true")
+
+
+def test_key_file_expiry_reads_torchserves_nanosecond_timestamps(tmp_path):
+    path = tmp_path / "key_file.json"
+    path.write_text(json.dumps({
+        "management": {"key": "a", "expiration time": "2000-01-01T00:00:00.123456789Z"},
+        "inference": {"key": "b", "expiration time": "2999-01-01T00:00:00.123456789Z"},
+        "API": {"key": "c"}}))
+    keys = KeyFile(path)
+    assert keys.expired("management") and not keys.expired("inference")
+    assert keys.key("API") == "c"
+
+
+def test_environment_supplies_addresses_and_key_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("TS_MANAGEMENT_URL", "http://127.0.0.1:9991/")
+    monkeypatch.setenv("TS_KEY_FILE", str(tmp_path / "k.json"))
+    client = TorchServeClient.from_environment()
+    assert client.management_url == "http://127.0.0.1:9991"
+    assert client.key_file is not None and client.key_file.path == tmp_path / "k.json"
+    assert TorchServeClient.from_environment("http://127.0.0.1:1").management_url == "http://127.0.0.1:1"
+
+
+def test_settings_version_replaces_an_earlier_suffix():
+    settings = ServingSettings(16, 5, 1, 1, 60)
+    assert settings_version("1.0", settings) == "1.0-bs16-d5"
+    assert settings_version("1.0-bs8-d20", settings) == "1.0-bs16-d5"
+
+
+def test_archive_with_version_rewrites_only_the_manifest_version(tmp_path):
+    source = tmp_path / "m-1.0.mar"
+    with zipfile.ZipFile(source, "w") as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "m",
+                                                                        "modelVersion": "1.0"}}))
+        archive.writestr("model.pt", b"weights")
+    name = archive_with_version(tmp_path, source.name, "1.0-bs4-d5")
+    assert name == "m-1.0-bs4-d5.mar"
+    assert archive_manifest(tmp_path / name) == {"modelName": "m", "modelVersion": "1.0-bs4-d5"}
+    with zipfile.ZipFile(tmp_path / name) as archive:
+        assert archive.read("model.pt") == b"weights"
+    assert archive_manifest(source)["modelVersion"] == "1.0"

@@ -4,10 +4,11 @@ Accepted: JPEG (and MPO, the multi-picture JPEG phones write), PNG, WebP, BMP, G
 frame) and TIFF (first page). EXIF orientation is applied; grayscale, palette, RGBA, CMYK and
 16-bit images become 8-bit RGB.
 
-JPEG, PNG and still WebP are decoded by `torchvision.io` (libjpeg-turbo, libpng, libwebp; JPEG on
-the worker's GPU with nvJPEG when it has one); the rest by Pillow. Before anything is decoded,
-Pillow reads only the header so the pixel limit is enforced at no cost (a decompression bomb
-of a few kilobytes declaring a gigapixel is refused before any pixel is allocated).
+JPEG and still WebP are decoded by `torchvision.io` (libjpeg-turbo, libwebp; JPEG on the worker's
+GPU with nvJPEG when it has one); the rest by Pillow (PNG too: see `uses_torchvision`). Before
+anything is decoded, Pillow reads only the header so the pixel limit is enforced at no cost (a
+decompression bomb of a few kilobytes declaring a gigapixel is refused before any pixel is
+allocated).
 """
 
 from __future__ import annotations
@@ -120,8 +121,13 @@ def check_body_size(data: bytes, limits: ImageLimits) -> None:
 
 
 def uses_torchvision(header: ImageHeader) -> bool:
-    """torchvision.io decodes these formats correctly (orientation included) and faster."""
-    if header.image_format in ("JPEG", "PNG"):
+    """torchvision.io decodes these formats correctly (orientation included) and faster.
+
+    Not PNG: torchvision 0.29.1's decode_png crashes the process (SIGSEGV after
+    "libpng error: IDAT: incorrect data check") on some corrupted files, found by the property
+    tests; Pillow raises an error for the same bytes.
+    """
+    if header.image_format == "JPEG":
         return True
     # torchvision ignores WebP EXIF orientation and refuses animated WebP.
     return header.image_format == "WEBP" and not header.animated and header.orientation == 1
@@ -158,9 +164,18 @@ def _pillow_to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode_with_pillow(data: bytes, header: ImageHeader) -> torch.Tensor:
+def check_frame_count(image: Image.Image, limits: ImageLimits) -> None:
+    frames = int(getattr(image, "n_frames", 1))  # counted from frame headers, nothing decoded
+    if frames > limits.max_frames:
+        raise ClientError(413, "TooManyFrames",
+                          f"the image has {frames} frames; the limit is {limits.max_frames} "
+                          "(only the first is used)")
+
+
+def decode_with_pillow(data: bytes, header: ImageHeader, limits: ImageLimits) -> torch.Tensor:
     try:
         image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
+        check_frame_count(image, limits)
         image.seek(0)  # first frame of GIF / animated WebP, first page of TIFF
         rgb = _pillow_to_rgb(ImageOps.exif_transpose(image))
     except (OSError, SyntaxError, ValueError, EOFError, IndexError) as error:
@@ -185,4 +200,4 @@ def decode_image_bytes(
     check_pixel_limits(header, limits)
     if uses_torchvision(header):
         return decode_with_torchvision(data, header, device or torch.device("cpu"))
-    return decode_with_pillow(data, header)
+    return decode_with_pillow(data, header, limits)

@@ -17,14 +17,17 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from handlers.batch_record import STAGES, BatchRecord
 from handlers.batching import decode_each, merge_outcomes
 from handlers.errors import ClientError
 from handlers.model_loading import resolve_device
+from handlers.settings import parse_log_batches
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +37,33 @@ ModelOutput = TypeVar("ModelOutput")
 HeaderReader = Callable[[str], "str | None"]
 JSON_CONTENT_TYPE = "application/json"
 BATCH_SIZE_HEADER = "X-Batch-Size"
+
+
+def emit_batch_metrics(metrics: Any, record: BatchRecord) -> None:
+    """Export a batch's record through TorchServe's metrics cache (Prometheus with
+    metrics_mode=prometheus and model_metrics_auto_detect=true). No-op without a cache."""
+    if metrics is None:
+        return
+    from ts.metrics.metric_type_enum import MetricTypes  # the glue's only TorchServe import
+
+    metrics.add_metric("HandlerBatchSize", record.size, "count", metric_type=MetricTypes.GAUGE)
+    metrics.add_counter("HandlerBatches", 1)
+    metrics.add_counter("HandlerRequests", record.size)
+    for stage in STAGES:
+        metrics.add_metric(f"Handler{stage.capitalize()}Ms", round(record.stage_ms[stage], 3), "ms",
+                           metric_type=MetricTypes.GAUGE)
+    for reason, count in record.rejected.items():
+        metrics.add_counter("HandlerRejectedRequests", count, dimensions=[MetricDimension("Reason", reason)])
+    if record.oom_splits:
+        metrics.add_counter("HandlerOutOfMemorySplits", record.oom_splits)
+
+
+@dataclass(frozen=True)
+class MetricDimension:
+    """A metric dimension, shaped like `ts.metrics.dimension.Dimension` (name, value)."""
+
+    name: str
+    value: str
 
 
 class TorchServeContext(Protocol):
@@ -64,6 +94,7 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
         self.model_name = "model"
         self.model_version = "0"
         self.max_batch_size = 1
+        self.log_batches = True
 
     # --- TorchServe entry points -------------------------------------------------------
     def initialize(self, context: TorchServeContext) -> None:
@@ -77,6 +108,7 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
         self.model_version = model_manifest.get("modelVersion", self.model_version)
         self.max_batch_size = int(properties.get("batch_size") or 1)
         handler_settings = (context.model_yaml_config or {}).get("handler", {})
+        self.log_batches = parse_log_batches(handler_settings)
         self.load(handler_settings, model_manifest.get("serializedFile"))
         started = time.perf_counter()
         self.warm_up(self.max_batch_size)
@@ -89,36 +121,53 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
 
     def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> list[bytes]:
         """One JSON body per request, in order; statuses set per request on `context`."""
-        started = time.perf_counter()
-        decoded = decode_each(
-            len(data),
-            lambda index: self.decode_request(
-                data[index], lambda name: context.get_request_header(index, name)
-            ),
-        )
-        decoded_at = time.perf_counter()
+        record = BatchRecord(self.model_name, self.model_version, size=len(data))
+        with record.timing("decode"):
+            decoded = decode_each(
+                len(data),
+                lambda index: self.decode_request(
+                    data[index], lambda name: context.get_request_header(index, name)
+                ),
+            )
         answers: list[Any] = []
         if decoded.items:
             with torch.inference_mode():
-                model_input = self.preprocess(decoded.items)
-                model_output = self.infer(model_input)
-                inferred_at = time.perf_counter()
-                answers = self.postprocess(model_output, model_input, decoded.items)
-        else:
-            inferred_at = decoded_at
+                answers = self.answer_items(decoded.items, record)
         outcomes = merge_outcomes(len(data), decoded.indices, answers, decoded.errors)
-        finished = time.perf_counter()
-        logger.info(
-            "batch model=%s version=%s size=%d ok=%d rejected=%d decode_ms=%.1f "
-            "infer_ms=%.1f post_ms=%.1f",
-            self.model_name, self.model_version, len(data), len(decoded.items),
-            len(decoded.errors), (decoded_at - started) * 1000,
-            (inferred_at - decoded_at) * 1000, (finished - inferred_at) * 1000,
-        )
+        record.answered = len(answers)
+        record.rejected.update(error.error_type for error in decoded.errors.values())
+        if self.log_batches:
+            logger.info(record.to_log_line())
+        emit_batch_metrics(getattr(context, "metrics", None), record)
         return [
             self.write_response(context, index, outcome, len(data))
             for index, outcome in enumerate(outcomes)
         ]
+
+    def answer_items(self, items: Sequence[Item], record: BatchRecord) -> list[Any]:
+        """preprocess -> infer -> postprocess over `items`; on CUDA out-of-memory, the items are
+        split in halves and each half retried, down to single items (a single item that still
+        does not fit fails the batch, as a server fault)."""
+        try:
+            with record.timing("preprocess"):
+                model_input = self.preprocess(items)
+            with record.timing("inference"):
+                model_output = self.infer(model_input)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            with record.timing("postprocess"):
+                return self.postprocess(model_output, model_input, items)
+        except torch.cuda.OutOfMemoryError:
+            if len(items) == 1:
+                raise
+        # Retried outside the except block, so the failed attempt's tensors are already freed.
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        half = len(items) // 2
+        record.oom_splits += 1
+        logger.warning("out of memory on %d items; retrying as %d + %d", len(items), half,
+                       len(items) - half)
+        return self.answer_items(items[:half], record) + self.answer_items(items[half:], record)
 
     # --- hooks ----------------------------------------------------------------------------
     @abstractmethod

@@ -20,6 +20,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 # TorchServe's own default max_request_size; keep the two consistent.
 DEFAULT_MAX_BODY_BYTES = 6_553_500
 DEFAULT_MAX_PIXELS = 40_000_000
+DEFAULT_MAX_FRAMES = 100
 
 
 class SettingsError(ValueError):
@@ -28,11 +29,13 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class ImageLimits:
-    """Limits checked per request before (max_body_bytes, max_pixels) and after decoding."""
+    """Limits checked per request, all before any pixel is decoded. Only the first frame of an
+    animated image is decoded; `max_frames` bounds how many frames it may declare."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_pixels: int = DEFAULT_MAX_PIXELS
     min_side_px: int = 1
+    max_frames: int = DEFAULT_MAX_FRAMES
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,16 @@ def parse_limits(section: Mapping[str, Any]) -> ImageLimits:
         min_side_px=_positive_int(
             section.get("min_side_px", defaults.min_side_px), "limits.min_side_px"
         ),
+        max_frames=_positive_int(section.get("max_frames", defaults.max_frames), "limits.max_frames"),
     )
+
+
+def parse_log_batches(handler_section: Mapping[str, Any]) -> bool:
+    """`log_batches` (default true): one `batch {json}` log line per batch."""
+    value = handler_section.get("log_batches", True)
+    if not isinstance(value, bool):
+        raise SettingsError(f"'log_batches' must be true or false, got {value!r}")
+    return value
 
 
 def parse_compile_mode(value: Any) -> str | None:

@@ -185,3 +185,10 @@ def test_reading_the_header_decodes_no_pixels(image_format, monkeypatch):
 def test_a_bomb_under_pillows_own_limit_is_still_refused_by_ours():
     error = expect_client_error(png_declaring_size(8000, 6000), 413, "ImageTooLarge")
     assert "48000000" in error.message
+
+
+def test_an_animation_over_the_frame_limit_is_a_413_before_decoding():
+    frames = [RGB.rotate(angle).convert("P") for angle in range(0, 60, 10)]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
+    expect_client_error(data, 413, "TooManyFrames", ImageLimits(max_frames=5))
+    assert decode_image_bytes(data, ImageLimits(max_frames=6)).shape == (3, 48, 64)

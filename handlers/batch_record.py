@@ -1,0 +1,39 @@
+"""What happened to one batch: sizes, rejections by reason, time per stage. Logged and exported."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+STAGES = ("decode", "preprocess", "inference", "postprocess")
+
+
+@dataclass
+class BatchRecord:
+    model: str
+    version: str
+    size: int = 0
+    answered: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)   # error type -> count
+    stage_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    oom_splits: int = 0
+
+    @contextmanager
+    def timing(self, stage: str) -> Iterator[None]:
+        """Add the time spent inside the block to `stage` (blocks may repeat: OOM retries)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_ms[stage] += (time.perf_counter() - started) * 1000
+
+    def to_log_line(self) -> str:
+        """`batch {json}`: one line per batch, machine-readable."""
+        record = asdict(self)
+        record["rejected"] = dict(self.rejected)
+        record["stage_ms"] = {stage: round(ms, 2) for stage, ms in self.stage_ms.items()}
+        return "batch " + json.dumps(record, sort_keys=True)

@@ -1,0 +1,106 @@
+"""The TorchServe-facing base class: OOM retries, the batch record, metrics, logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from handlers.batch_record import BatchRecord
+from handlers.image_classifier import ImageClassifierHandler
+from handlers.serving import emit_batch_metrics
+from tests.archives import archive_context
+from tests.images import photo_bytes
+
+PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
+
+
+class OutOfMemoryAbove(nn.Module):
+    """Wraps a model; raises CUDA's out-of-memory error for batches larger than `limit`."""
+
+    def __init__(self, model: nn.Module, limit: int) -> None:
+        super().__init__()
+        self.model, self.limit, self.batch_sizes = model, limit, []
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        self.batch_sizes.append(batch.shape[0])
+        if batch.shape[0] > self.limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.model(batch)
+
+
+def answers(handler: ImageClassifierHandler, rows: list[dict]) -> tuple[list, object]:
+    context = archive_context(handler.model_dir)
+    return [json.loads(body) for body in handler.handle(rows, context)], context
+
+
+def test_out_of_memory_splits_the_batch_and_every_request_still_gets_its_answer(classifier,
+                                                                                monkeypatch):
+    rows = [{"body": bytearray(photo_bytes(name))} for name in PHOTOS]
+    expected = [answers(classifier, [row])[0][0] for row in rows]
+    wrapper = OutOfMemoryAbove(classifier.model, limit=2)
+    monkeypatch.setattr(classifier, "model", wrapper)
+    served, context = answers(classifier, rows)
+    assert [context.status(i) for i in range(5)] == [200] * 5
+    for got, want in zip(served, expected, strict=True):
+        assert [c["index"] for c in got] == [c["index"] for c in want]
+    assert wrapper.batch_sizes == [5, 2, 3, 1, 2]  # 5 fails -> 2 fits, 3 fails -> 1 + 2 fit
+
+
+def test_a_single_request_that_does_not_fit_is_a_server_fault(classifier, monkeypatch):
+    monkeypatch.setattr(classifier, "model", OutOfMemoryAbove(classifier.model, limit=0))
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        answers(classifier, [{"body": bytearray(photo_bytes("coffee.png"))}])
+
+
+def test_one_structured_log_line_per_batch(classifier, caplog):
+    rows = [{"body": bytearray(photo_bytes("coffee.png"))}, {"body": bytearray(b"junk")}]
+    with caplog.at_level(logging.INFO, logger="handlers.serving"):
+        answers(classifier, rows)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch ")]
+    record = json.loads(line.removeprefix("batch "))
+    assert (record["model"], record["version"], record["size"], record["answered"]) == (
+        "efficientnet_lite0", "1.0", 2, 1)
+    assert record["rejected"] == {"NotAnImage": 1}
+    assert record["stage_ms"]["inference"] > 0
+
+
+def test_batch_logging_can_be_turned_off(classifier, caplog, monkeypatch):
+    monkeypatch.setattr(classifier, "log_batches", False)
+    with caplog.at_level(logging.INFO, logger="handlers.serving"):
+        answers(classifier, [{"body": bytearray(photo_bytes("coffee.png"))}])
+    assert not [r for r in caplog.records if r.getMessage().startswith("batch ")]
+
+
+def test_payloads_never_reach_the_log(classifier, caplog):
+    marker = b"PRIVATE-PAYLOAD-7f3a9c"
+    with caplog.at_level(logging.DEBUG):
+        answers(classifier, [{"body": bytearray(marker)}, {"body": {"data": "UFJJVkFURQ=="}}])
+    assert "PRIVATE-PAYLOAD" not in caplog.text and "UFJJVkFURQ" not in caplog.text
+
+
+class RecordingMetrics:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, dict]] = []
+
+    def add_metric(self, name, value, unit, idx=None, dimensions=(), metric_type=None):
+        self.calls.append((name, value, {d.name: d.value for d in dimensions}))
+
+    def add_counter(self, name, value, idx=None, dimensions=()):
+        self.calls.append((name, value, {d.name: d.value for d in dimensions}))
+
+
+def test_metrics_carry_batch_size_stage_times_and_rejections_by_reason():
+    record = BatchRecord("m", "1", size=3, answered=1)
+    record.rejected.update(["NotAnImage", "NotAnImage"])
+    record.stage_ms.update(decode=1.5, inference=20.0)
+    metrics = RecordingMetrics()
+    emit_batch_metrics(metrics, record)
+    values = {(name, tuple(dims.items())): value for name, value, dims in metrics.calls}
+    assert values[("HandlerBatchSize", ())] == 3
+    assert values[("HandlerRequests", ())] == 3 and values[("HandlerBatches", ())] == 1
+    assert values[("HandlerDecodeMs", ())] == 1.5 and values[("HandlerInferenceMs", ())] == 20.0
+    assert values[("HandlerRejectedRequests", (("Reason", "NotAnImage"),))] == 2

@@ -45,6 +45,8 @@ from scripts.torchserve_config import models_property  # noqa: E402
 DEFAULT_DESCRIPTIONS = REPO_ROOT / "config" / "models.yaml"
 DEFAULT_MODEL_STORE = REPO_ROOT / "model_store"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
+PRODUCTION_CONFIG = REPO_ROOT / "config" / "config.production.properties"
+DEFAULT_CONFIGS = (DEFAULT_CONFIG, PRODUCTION_CONFIG)
 HANDLER_PACKAGE = REPO_ROOT / "handlers"
 ENTRY_MODULES = {"classification": "image_classifier.py", "detection": "object_detector.py"}
 SETTINGS_PARSERS: dict[str, Callable[[Mapping[str, Any]], object]] = {
@@ -366,10 +368,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="model description YAML (default: config/models.yaml)")
     parser.add_argument("--only", nargs="*", default=None, help="build only these model names")
     parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
-    parser.add_argument("--write-config", type=Path, nargs="?", const=DEFAULT_CONFIG,
-                        help="rewrite load_models=/models= of this config.properties")
-    parser.add_argument("--check-config", type=Path, nargs="?", const=DEFAULT_CONFIG,
-                        help="exit 1 when this config.properties disagrees with the descriptions")
+    parser.add_argument("--write-config", type=Path, nargs="*",
+                        help="rewrite load_models=/models= of these configs (default: config/"
+                             "config.properties and config/config.production.properties)")
+    parser.add_argument("--check-config", type=Path, nargs="*",
+                        help="exit 1 when these configs (default: both) disagree with the descriptions")
     single = parser.add_argument_group("one model from flags (instead of --models)")
     single.add_argument("--name")
     single.add_argument("--version", default="1.0")
@@ -399,19 +402,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             descriptions = [description_from_flags(args)]
         else:
             descriptions = load_descriptions(args.models)
-        if args.check_config:
-            in_sync = config_in_sync(args.check_config, descriptions)
-            print(f"{args.check_config}: {'in sync' if in_sync else 'OUT OF SYNC'} with {args.models}")
-            return 0 if in_sync else 1
+        if args.check_config is not None:
+            results = {path: config_in_sync(path, descriptions)
+                       for path in args.check_config or DEFAULT_CONFIGS}
+            for path, in_sync in results.items():
+                print(f"{path}: {'in sync' if in_sync else 'OUT OF SYNC'} with {args.models}")
+            return 0 if all(results.values()) else 1
         chosen = [d for d in descriptions if args.only is None or d.name in args.only]
         if args.only and len(chosen) != len(set(args.only)):
             raise BuildError(f"--only names not in {args.models}: "
                              f"{sorted(set(args.only) - {d.name for d in chosen})}")
         for description in chosen:
             print(f"built {build_archive(description, args.model_store)}", flush=True)
-        if args.write_config:
-            write_models_block(args.write_config, descriptions)
-            print(f"wrote load_models/models of {args.write_config}")
+        if args.write_config is not None:
+            for path in args.write_config or DEFAULT_CONFIGS:
+                write_models_block(path, descriptions)
+                print(f"wrote load_models/models of {path}")
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ keeps its pid file in Python's temp dir, and refuses to start while another inst
 several instances (the demo, test servers) run side by side and stopping one leaves the others.
 
     python scripts/torchserve_process.py start [--config config/config.properties] [--run-dir .run]
-    python scripts/torchserve_process.py stop  [--run-dir .run]
+    python scripts/torchserve_process.py stop  [--run-dir .run] [--drain-timeout 30]
 """
 
 from __future__ import annotations
@@ -66,12 +66,18 @@ class TorchServeInstance:
         """Where TorchServe writes its keys when token authorization is on."""
         return self.run_dir / "key_file.json"
 
-    def inference_headers(self) -> dict[str, str]:
-        """The inference key when token authorization is on (TorchServe guards /ping with it)."""
+    def auth_headers(self, kind: str) -> dict[str, str]:
+        """The `kind` ("inference" / "management") key when token authorization is on."""
         if not self.key_file.is_file():
             return {}
-        key = json.loads(self.key_file.read_text())["inference"]["key"]
+        key = json.loads(self.key_file.read_text())[kind]["key"]
         return {"Authorization": f"Bearer {key}"}
+
+    def inference_headers(self) -> dict[str, str]:
+        return self.auth_headers("inference")  # TorchServe guards /ping with it too
+
+    def management_headers(self) -> dict[str, str]:
+        return self.auth_headers("management")
 
     def model_log_tail(self, lines: int = 40) -> str:
         log = self.log_dir / "model_log.log"
@@ -113,10 +119,38 @@ def ping(instance: TorchServeInstance) -> bool:
     return answer.status_code == 200 and answer.json().get("status") == "Healthy"
 
 
-def wait_until_healthy(instance: TorchServeInstance, timeout_s: float) -> None:
+def models_ready(instance: TorchServeInstance, expected_models: int) -> bool:
+    """At least `expected_models` models registered, each default version with its minimum of
+    READY workers. (/ping alone is not enough: it answers Healthy before any model is loaded.)"""
+    headers = instance.management_headers()
+    try:
+        models = requests.get(f"{instance.management_url}/models", headers=headers,
+                              timeout=5).json()["models"]
+        if len(models) < expected_models:
+            return False
+        for model in models:
+            (default,) = requests.get(f"{instance.management_url}/models/{model['modelName']}",
+                                      headers=headers, timeout=5).json()
+            ready = sum(worker["status"] == "READY" for worker in default["workers"])
+            if ready < max(default["minWorkers"], 1):
+                return False
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def expected_model_count(instance: TorchServeInstance, model_store: Path) -> int:
+    value = read_properties(instance.config_path).get("load_models", "").strip()
+    if value.lower() == "all":
+        return len(list(model_store.glob("*.mar")))
+    return len([name for name in value.split(",") if name.strip()])
+
+
+def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_models: int = 0) -> None:
+    """Wait for /ping and for every model loaded at start to have its workers READY."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if ping(instance):
+        if ping(instance) and models_ready(instance, expected_models):
             return
         time.sleep(0.5)
     raise ServerError(f"TorchServe at {instance.inference_url} was not healthy after {timeout_s:.0f} s."
@@ -140,13 +174,48 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
         text = (instance.run_dir / "torchserve.out").read_text(errors="replace")[-2000:]
         raise ServerError(f"torchserve --start failed ({result.returncode}):\n{text}")
     if wait:
-        wait_until_healthy(instance, timeout_s)
+        wait_until_healthy(instance, timeout_s, expected_model_count(instance, store))
 
 
-def stop(instance: TorchServeInstance, timeout_s: float = 60.0) -> None:
-    """Stop the instance whose pid file lies in its TMPDIR; do nothing if none runs."""
+def pending_requests(instance: TorchServeInstance) -> int:
+    """Requests queued (not yet taken by a worker) over every model's default version."""
+    headers = instance.management_headers()
+    models = requests.get(f"{instance.management_url}/models", headers=headers, timeout=5).json()["models"]
+    total = 0
+    for model in models:
+        for version in requests.get(f"{instance.management_url}/models/{model['modelName']}/all",
+                                    headers=headers, timeout=5).json():
+            total += int(version.get("jobQueueStatus", {}).get("pendingRequests", 0))
+    return total
+
+
+def drain(instance: TorchServeInstance, timeout_s: float, grace_s: float) -> bool:
+    """Wait until no request is queued (twice in a row), then `grace_s` for the batches being
+    computed. True when drained; False after `timeout_s` (e.g. under continuous load)."""
+    deadline = time.monotonic() + timeout_s
+    empty_polls = 0
+    while empty_polls < 2:
+        if time.monotonic() > deadline:
+            return False
+        try:
+            empty_polls = empty_polls + 1 if pending_requests(instance) == 0 else 0
+        except (requests.RequestException, ValueError, KeyError):
+            return True  # not answering: nothing left to drain
+        time.sleep(0.1)
+    time.sleep(grace_s)
+    return True
+
+
+def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s: float = 0.0,
+         drain_grace_s: float = 1.0) -> None:
+    """Stop the instance whose pid file lies in its TMPDIR; do nothing if none runs.
+
+    TorchServe's own stop closes every connection at once: requests in flight get no answer.
+    With `drain_timeout_s` > 0, queued requests are answered first (see `drain`)."""
     if not (instance.tmp_dir / ".model_server.pid").exists():
         return
+    if drain_timeout_s > 0 and not drain(instance, drain_timeout_s, drain_grace_s):
+        print(f"requests still queued after {drain_timeout_s:.0f} s; stopping anyway", file=sys.stderr)
     subprocess.run(torchserve_command(instance, ["--stop"]), cwd=instance.run_dir,
                    env=instance.environment(), capture_output=True, timeout=timeout_s, check=False)
 
@@ -158,7 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
                         help="working directory for logs, keys and the pid file (default: .run)")
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /ping")
+    parser.add_argument("--timeout", type=float, default=180.0,
+                        help="start: seconds to wait until every model's workers are ready")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="stop: seconds to wait for queued requests first (0: stop at once)")
     args = parser.parse_args(argv)
     instance = instance_for(args.config, args.run_dir)
     try:
@@ -169,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             start(instance, timeout_s=args.timeout)
             print(f"TorchServe is healthy at {instance.inference_url} (logs in {instance.log_dir})")
         elif args.action == "stop":
-            stop(instance)
+            stop(instance, drain_timeout_s=args.drain_timeout)
             print("TorchServe has stopped")
         else:
             healthy = ping(instance)

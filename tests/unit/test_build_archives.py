@@ -16,7 +16,7 @@ from handlers.decode import decode_image_bytes
 from handlers.settings import ImageLimits
 from handlers.transforms import preprocess_classification_batch
 from scripts.build_archives import (
-    DEFAULT_CONFIG,
+    DEFAULT_CONFIGS,
     DEFAULT_DESCRIPTIONS,
     BuildError,
     build_archive,
@@ -192,7 +192,7 @@ def test_the_default_archive_holds_the_handlers_package_and_real_weights(model_s
 
 def test_config_properties_agrees_with_the_model_descriptions():
     descriptions = load_descriptions(DEFAULT_DESCRIPTIONS)
-    assert config_in_sync(DEFAULT_CONFIG, descriptions)
+    assert all(config_in_sync(path, descriptions) for path in DEFAULT_CONFIGS)
     rendered = parse_properties(render_models_block(descriptions))
     assert rendered["load_models"].split(",") == [d.archive_name for d in descriptions]
     entry = json.loads(rendered["models"])["efficientnet_lite0"]["1.0"]

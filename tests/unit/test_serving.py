@@ -13,6 +13,7 @@ from handlers.batch_record import BatchRecord
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.serving import emit_batch_metrics
 from tests.archives import archive_context
+from tests.fake_context import FakeContext
 from tests.images import photo_bytes
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
@@ -23,7 +24,8 @@ class OutOfMemoryAbove(nn.Module):
 
     def __init__(self, model: nn.Module, limit: int) -> None:
         super().__init__()
-        self.model, self.limit, self.batch_sizes = model, limit, []
+        self.model, self.limit = model, limit
+        self.batch_sizes: list[int] = []
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         self.batch_sizes.append(batch.shape[0])
@@ -32,7 +34,7 @@ class OutOfMemoryAbove(nn.Module):
         return self.model(batch)
 
 
-def answers(handler: ImageClassifierHandler, rows: list[dict]) -> tuple[list, object]:
+def answers(handler: ImageClassifierHandler, rows: list[dict]) -> tuple[list, FakeContext]:
     context = archive_context(handler.model_dir)
     return [json.loads(body) for body in handler.handle(rows, context)], context
 

@@ -1,0 +1,308 @@
+"""Load generator for /predictions/{model}[/{version}] with real image bodies.
+
+    # closed loop: 16 clients sending back to back for 20 s
+    python scripts/loadgen.py --model efficientnet_lite0 --clients 16 --duration 20
+    # open loop: Poisson arrivals at 50 requests/s for 30 s (queueing shows as in production)
+    python scripts/loadgen.py --model efficientnet_lite0 --rate 50 --duration 30 --json
+    # the client's own ceiling, against a built-in server that answers at once
+    python scripts/loadgen.py --self-test --clients 8 --duration 5
+
+Every client thread keeps one HTTP/1.1 keep-alive connection (http.client, no per-request
+set-up). Open-loop latency is measured from each request's scheduled arrival time, so time spent
+waiting for a free client counts (no coordinated omission). Runs are bounded by --duration and
+--max-requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import queue
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class Result:
+    scheduled_s: float   # when it should have been sent (open loop) or was sent (closed loop)
+    latency_ms: float    # from scheduled_s to the end of the answer
+    status: int          # HTTP status; 0 = connection error or timeout
+    wait_ms: float = 0.0  # open loop: from the scheduled time until a client was free to send
+
+
+@dataclass
+class Report:
+    mode: str
+    duration_s: float
+    sent: int
+    succeeded: int
+    errors: dict[str, int]
+    throughput_rps: float
+    latency_ms: dict[str, float]
+    offered_rps: float | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def table(self) -> str:
+        latency = "  ".join(f"{k} {v:.1f}" for k, v in self.latency_ms.items())
+        offered = f" offered {self.offered_rps:.1f}/s," if self.offered_rps else ""
+        return (f"{self.mode}: {self.sent} sent,{offered} {self.succeeded} ok "
+                f"({self.throughput_rps:.1f}/s over {self.duration_s:.1f} s), "
+                f"errors {self.errors or 'none'}\n  latency ms (ok): {latency}")
+
+
+def latency_summary(latencies_ms: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p95/p99/max (linear interpolation between ranks); zeros when empty."""
+    if not latencies_ms:
+        return {**{f"p{p}": 0.0 for p in PERCENTILES}, "max": 0.0}
+    values = np.asarray(latencies_ms, dtype=float)
+    summary = {f"p{p}": float(np.percentile(values, p)) for p in PERCENTILES}
+    summary["max"] = float(values.max())
+    return summary
+
+
+def poisson_schedule(rate_rps: float, duration_s: float, seed: int = 0) -> list[float]:
+    """Arrival offsets in [0, duration_s): exponential gaps with mean 1 / rate_rps."""
+    if rate_rps <= 0:
+        raise ValueError("rate must be > 0")
+    rng = np.random.default_rng(seed)
+    expected = int(rate_rps * duration_s * 1.5) + 16
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_rps, size=expected))
+    while arrivals[-1] < duration_s:  # rare: draw more
+        more = arrivals[-1] + np.cumsum(rng.exponential(1.0 / rate_rps, size=expected))
+        arrivals = np.concatenate([arrivals, more])
+    return arrivals[arrivals < duration_s].tolist()
+
+
+def summarize(mode: str, results: Sequence[Result], duration_s: float,
+              offered_rps: float | None = None) -> Report:
+    ok = [r.latency_ms for r in results if r.status == 200]
+    errors = Counter("connection" if r.status == 0 else str(r.status) for r in results if r.status != 200)
+    return Report(mode=mode, duration_s=duration_s, sent=len(results), succeeded=len(ok),
+                  errors=dict(sorted(errors.items())), throughput_rps=len(ok) / max(duration_s, 1e-9),
+                  latency_ms=latency_summary(ok), offered_rps=offered_rps)
+
+
+class Connection:
+    """One keep-alive HTTP connection; reconnects after an error."""
+
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]) -> None:
+        parsed = urlparse(url)
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        self.path = parsed.path or "/"
+        self.timeout_s = timeout_s
+        self.headers = headers
+        self.connection: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes) -> int:
+        try:
+            if self.connection is None:
+                self.connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+                self.connection.connect()
+                assert self.connection.sock is not None
+                self.connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.connection.request("POST", self.path, body=body, headers=self.headers)
+            answer = self.connection.getresponse()
+            answer.read()
+            if answer.getheader("connection", "").lower() == "close":
+                self.close()
+            return answer.status
+        except (OSError, http.client.HTTPException):
+            self.close()
+            return 0
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+        self.connection = None
+
+
+@dataclass
+class LoadTarget:
+    url: str
+    bodies: Sequence[bytes]
+    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/octet-stream"})
+    timeout_s: float = 60.0
+
+    def connection(self) -> Connection:
+        return Connection(self.url, self.timeout_s, self.headers)
+
+
+Progress = Callable[[int], None]
+
+
+def run_closed_loop(target: LoadTarget, clients: int, duration_s: float, max_requests: int,
+                    progress: Progress | None = None) -> Report:
+    """`clients` threads, each sending its next request as soon as the last one is answered."""
+    results: list[Result] = []
+    lock = threading.Lock()
+    started = time.perf_counter()
+    deadline = started + duration_s
+
+    def client(index: int) -> None:
+        connection = target.connection()
+        count = 0
+        while time.perf_counter() < deadline:
+            with lock:
+                if len(results) >= max_requests:
+                    break
+            sent = time.perf_counter()
+            status = connection.post(target.bodies[(index + count * clients) % len(target.bodies)])
+            count += 1
+            with lock:
+                results.append(Result(sent - started, (time.perf_counter() - sent) * 1000, status))
+                if progress:
+                    progress(len(results))
+        connection.close()
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    report = summarize("closed loop", results, time.perf_counter() - started)
+    report.extra["clients"] = clients
+    return report
+
+
+def run_open_loop(target: LoadTarget, rate_rps: float, duration_s: float, max_requests: int,
+                  max_in_flight: int = 256, seed: int = 0, progress: Progress | None = None) -> Report:
+    """Poisson arrivals at `rate_rps`; up to `max_in_flight` requests outstanding at once."""
+    schedule = poisson_schedule(rate_rps, duration_s, seed)[:max_requests]
+    pending: queue.Queue[tuple[int, float] | None] = queue.Queue()
+    results: list[Result] = []
+    lock = threading.Lock()
+    started = time.perf_counter()
+
+    def worker() -> None:
+        connection = target.connection()
+        while (job := pending.get()) is not None:
+            index, due = job
+            wait_ms = (time.perf_counter() - started - due) * 1000
+            status = connection.post(target.bodies[index % len(target.bodies)])
+            with lock:
+                results.append(Result(due, (time.perf_counter() - started - due) * 1000, status,
+                                      wait_ms))
+                if progress:
+                    progress(len(results))
+        connection.close()
+
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(max_in_flight)]
+    for thread in workers:
+        thread.start()
+    for index, due in enumerate(schedule):
+        delay = started + due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        pending.put((index, due))
+    for _ in workers:
+        pending.put(None)
+    for thread in workers:
+        thread.join()
+    report = summarize("open loop", results, time.perf_counter() - started, offered_rps=rate_rps)
+    waits = [r.wait_ms for r in results]
+    report.extra["client_wait_ms_p99"] = latency_summary(waits)["p99"]
+    report.extra["started_over_10ms_late"] = sum(w > 10 for w in waits)
+    return report
+
+
+# --- the client's own ceiling -------------------------------------------------------------------
+class _InstantHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"[]")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def instant_server() -> tuple[ThreadingHTTPServer, str]:
+    """A local server that answers every POST at once (to measure the client, not a model)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _InstantHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/predictions/instant"
+
+
+# --- command line -------------------------------------------------------------------------------
+def progress_printer(total: int | None) -> Progress:
+    last = [0.0]
+
+    def show(done: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            print(f"\r  {done}{f'/{total}' if total else ''} answers", end="", file=sys.stderr,
+                  flush=True)
+    return show
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="inference address")
+    parser.add_argument("--model", default="efficientnet_lite0")
+    parser.add_argument("--version")
+    parser.add_argument("--image", type=Path, action="append",
+                        help="image file(s) to send, in turn (default: scikit-image's chelsea.png)")
+    parser.add_argument("--clients", type=int, default=8, help="closed loop: concurrent clients")
+    parser.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds")
+    parser.add_argument("--max-requests", type=int, default=1_000_000)
+    parser.add_argument("--max-in-flight", type=int, default=256, help="open loop: client threads")
+    parser.add_argument("--header", action="append", default=[], help="extra header, NAME=VALUE")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--self-test", action="store_true",
+                        help="measure the client's own ceiling against an instant local server")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.image:
+        bodies = [path.read_bytes() for path in args.image]
+    else:
+        import skimage
+
+        bodies = [(Path(skimage.__file__).parent / "data" / "chelsea.png").read_bytes()]
+    url = f"{args.url.rstrip('/')}/predictions/{args.model}" + (f"/{args.version}" if args.version else "")
+    if args.self_test:
+        _server, url = instant_server()
+    headers = {"Content-Type": "application/octet-stream",
+               **dict(item.split("=", 1) for item in args.header)}
+    target = LoadTarget(url, bodies, headers)
+    progress = None if args.json else progress_printer(None)
+    if args.rate:
+        report = run_open_loop(target, args.rate, args.duration, args.max_requests,
+                               args.max_in_flight, args.seed, progress)
+    else:
+        report = run_closed_loop(target, args.clients, args.duration, args.max_requests, progress)
+    if progress:
+        print(file=sys.stderr)
+    print(json.dumps(asdict(report), indent=2) if args.json else report.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,10 +28,11 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def server_config(directory: Path, model_store: Path, **overrides: str) -> Path:
-    """config/config.properties on free ports, loading from `model_store`."""
+def server_config(directory: Path, model_store: Path, base_config: Path = DEFAULT_CONFIG,
+                  **overrides: str) -> Path:
+    """`base_config` (default config/config.properties) on free ports, loading from `model_store`."""
     inference, management, metrics, grpc_inference, grpc_management = free_ports(5)
-    properties = read_properties(DEFAULT_CONFIG)
+    properties = read_properties(base_config)
     properties.update({
         "inference_address": f"http://127.0.0.1:{inference}",
         "management_address": f"http://127.0.0.1:{management}",
@@ -49,8 +50,9 @@ def server_config(directory: Path, model_store: Path, **overrides: str) -> Path:
     return path
 
 
-def started_server(run_dir: Path, model_store: Path, **overrides: str) -> Iterator[TorchServeInstance]:
-    instance = instance_for(server_config(run_dir, model_store, **overrides), run_dir)
+def started_server(run_dir: Path, model_store: Path, base_config: Path = DEFAULT_CONFIG,
+                   **overrides: str) -> Iterator[TorchServeInstance]:
+    instance = instance_for(server_config(run_dir, model_store, base_config, **overrides), run_dir)
     try:
         start(instance, model_store, timeout_s=240)
         yield instance

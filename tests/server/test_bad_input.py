@@ -1,0 +1,151 @@
+"""Bad and awkward payloads, interleaved with good ones under concurrency, on a real TorchServe;
+plus the handler metrics and logs that traffic leaves behind."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import random
+import re
+
+import numpy as np
+import pytest
+import requests
+from PIL import Image
+
+from scripts.torchserve_process import TorchServeInstance, ping
+from tests.images import CAT_LABELS, encode, exif_with_orientation, photo_bytes, png_declaring_size
+from tests.server.http_client import concurrently
+
+pytestmark = pytest.mark.server
+CAT = Image.open(io.BytesIO(photo_bytes("chelsea.png"))).convert("RGB")
+
+
+def url(server: TorchServeInstance) -> str:
+    return f"{server.inference_url}/predictions/efficientnet_lite0"
+
+
+def bad_payloads() -> dict[str, tuple[bytes, str, int]]:
+    """name -> (body, content type, expected status)."""
+    jpeg = photo_bytes("rocket.jpg")
+    frames = [Image.new("RGB", (16, 12), (i, 255 - i, i * 7 % 256)) for i in range(101)]  # all distinct
+    return {
+        "empty": (b"", "image/jpeg", 400),
+        "random bytes": (np.random.default_rng(7).bytes(20_000), "application/octet-stream", 400),
+        "truncated jpeg": (jpeg[: len(jpeg) // 2], "image/jpeg", 400),
+        "text": (b"GET me a cat picture, please", "image/png", 400),
+        "json without an image": (b'{"data": "aGVsbG8gd29ybGQ="}', "application/json", 400),
+        "json without data": (b'{"image": 42}', "application/json", 400),
+        "decompression bomb": (png_declaring_size(50_000, 50_000), "image/png", 413),
+        "too many frames": (encode(frames[0], "GIF", save_all=True, append_images=frames[1:]),
+                            "image/gif", 413),
+    }
+
+
+def awkward_payloads() -> dict[str, bytes]:
+    """Valid images of unusual kinds, all showing the cat, except the 1x1."""
+    gray16 = (np.asarray(CAT.convert("L")).astype(np.uint16) * 257)
+    return {
+        "grayscale": encode(CAT.convert("L"), "PNG"),
+        "cmyk jpeg": encode(CAT.convert("CMYK"), "JPEG", quality=92),
+        "rgba png": encode(CAT.convert("RGBA"), "PNG"),
+        "16-bit png": encode(Image.fromarray(gray16), "PNG"),
+        "animated gif": encode(CAT.convert("P"), "GIF", save_all=True,
+                               append_images=[CAT.rotate(180).convert("P")]),
+        "webp": encode(CAT, "WEBP", quality=90),
+        "6000x4000 jpeg": encode(CAT.resize((6000, 4000)), "JPEG", quality=85),
+        "exif-rotated jpeg": encode(CAT.transpose(Image.Transpose.ROTATE_90), "JPEG", quality=92,
+                                    exif=exif_with_orientation(6)),
+    }
+
+
+def post(server: TorchServeInstance, body: bytes, content_type: str) -> requests.Response:
+    return requests.post(url(server), data=body, headers={"Content-Type": content_type}, timeout=120)
+
+
+def test_a_battery_of_bad_and_awkward_payloads_under_concurrency(server, classifier):
+    bad, awkward = bad_payloads(), awkward_payloads()
+    good = {name: photo_bytes(name) for name in ("chelsea.png", "coffee.png", "rocket.jpg")}
+    expected_good = {name: json_top(classifier, body) for name, body in good.items()}
+    jobs: list[tuple[str, str, bytes, str]] = []
+    for round_index in range(3):
+        jobs += [("bad", name, body, content_type) for name, (body, content_type, _) in bad.items()]
+        jobs += [("awkward", name, body, "application/octet-stream") for name, body in awkward.items()]
+        jobs += [("good", name, body, "application/octet-stream")
+                 for name, body in good.items() for _ in range(2)]
+        jobs.append(("awkward", "1x1", encode(Image.new("RGB", (1, 1), (200, 90, 40)), "PNG"),
+                     "image/png"))
+    random.Random(3).shuffle(jobs)
+    answers = concurrently([functools.partial(post, server, body, kind)
+                            for _, _, body, kind in jobs], clients=12)
+    for (category, name, _, _), answer in zip(jobs, answers, strict=True):
+        if category == "bad":
+            assert answer.status_code == bad[name][2], (name, answer.text)
+            assert answer.json()["code"] == bad[name][2] and answer.json()["message"], name
+        elif category == "awkward":
+            assert answer.status_code == 200, (name, answer.text)
+            assert len(answer.json()) == 5
+            if name != "1x1":
+                assert answer.json()[0]["label"] in CAT_LABELS, (name, answer.json()[0])
+        else:
+            assert [c["index"] for c in answer.json()] == expected_good[name], name
+    assert ping(server)
+    assert post(server, good["coffee.png"], "image/png").json()[0]["label"] == "espresso"
+
+
+def json_top(classifier, body: bytes) -> list[int]:
+    """The in-process handler's class indices for `body` (the reference answer)."""
+    import json
+
+    from tests.archives import archive_context
+
+    answer = classifier.handle([{"body": bytearray(body)}], archive_context(classifier.model_dir))
+    return [c["index"] for c in json.loads(answer[0])]
+
+
+def test_an_upload_over_max_request_size_gets_413_not_a_dropped_connection(server):
+    answer = post(server, b"\x00" * 7_000_000, "application/octet-stream")
+    assert answer.status_code == 413
+    assert ping(server)
+
+
+def test_registration_from_outside_the_model_store_is_refused(server):
+    for outside in ("file:///etc/passwd", "file:///tmp/elsewhere/model.mar",
+                    "http://127.0.0.1:9/model.mar"):
+        answer = requests.post(f"{server.management_url}/models", params={"url": outside}, timeout=30)
+        assert answer.status_code == 404, outside
+        assert "allowed" in answer.json()["message"]
+
+
+def metric_values(server: TorchServeInstance, name: str) -> dict[str, float]:
+    """Prometheus samples of `name` for efficientnet_lite0: label text -> value."""
+    text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
+    pattern = re.compile(rf"^{name}\{{(.*ModelName=\"efficientnet_lite0\".*)\}} (\S+)$", re.M)
+    return {labels: float(value) for labels, value in pattern.findall(text)}
+
+
+def test_handler_metrics_reach_prometheus(server):
+    post(server, b"definitely not an image", "image/jpeg")
+    bodies = [photo_bytes("chelsea.png")] * 12
+    concurrently([functools.partial(post, server, body, "image/png") for body in bodies], clients=12)
+    (batch_size,) = metric_values(server, "HandlerBatchSize").values()
+    (requests_total,) = metric_values(server, "HandlerRequests").values()
+    (batches,) = metric_values(server, "HandlerBatches").values()
+    (inference_ms,) = metric_values(server, "HandlerInferenceMs").values()
+    (decode_ms,) = metric_values(server, "HandlerDecodeMs").values()
+    rejected = metric_values(server, "HandlerRejectedRequests")
+    assert 1 <= batch_size <= 8
+    assert requests_total >= 13 and 1 <= batches < requests_total  # batches formed
+    assert 1 < inference_ms < 60_000 and 0 < decode_ms < 60_000
+    assert any('Reason="NotAnImage"' in labels and value >= 1 for labels, value in rejected.items())
+
+
+def test_request_payloads_never_reach_the_logs(server):
+    marker = "PRIVATE-PAYLOAD-4c1d"
+    post(server, marker.encode(), "image/jpeg")
+    requests.post(url(server), timeout=30,
+                  json={"data": base64.b64encode(marker.encode()).decode()})
+    for log in server.log_dir.glob("*.log"):
+        text = log.read_text(errors="replace")
+        assert marker not in text and base64.b64encode(marker.encode()).decode() not in text, log

@@ -1,0 +1,123 @@
+"""Overload, a killed worker, and stopping the server, on a real TorchServe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from scripts.loadgen import LoadTarget, run_closed_loop, run_open_loop
+from scripts.torchserve_process import TorchServeInstance, ping, stop
+from tests.images import photo_bytes
+from tests.server.conftest import started_server
+from tests.server.load import ContinuousLoad
+
+pytestmark = pytest.mark.server
+MODEL = "efficientnet_lite0"
+QUEUE_SIZE = 16
+BATCH_SIZE = 8
+
+
+def url(server: TorchServeInstance) -> str:
+    return f"{server.inference_url}/predictions/{MODEL}"
+
+
+@pytest.fixture(scope="module")
+def fault_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    """The classifier alone, with a short job queue so that overload is shed quickly."""
+    yield from started_server(tmp_path_factory.mktemp("faults"), model_store,
+                              load_models="efficientnet_lite0-1.0.mar", job_queue_size=str(QUEUE_SIZE))
+
+
+def test_overload_is_shed_with_503_and_admitted_latency_stays_bounded(fault_server):
+    target = LoadTarget(url(fault_server), [photo_bytes("chelsea.png")])
+    run_closed_loop(target, clients=16, duration_s=1.5, max_requests=10_000)  # warm up
+    capacity = run_closed_loop(target, clients=16, duration_s=4, max_requests=10_000).throughput_rps
+    assert capacity > 1
+    overload = run_open_loop(target, rate_rps=3 * capacity, duration_s=8, max_requests=100_000, seed=1)
+    shed = overload.errors.get("503", 0)
+    assert set(overload.errors) <= {"503"}, overload.errors          # no connection errors, no 500s
+    assert shed > 0.2 * overload.sent, overload.table()              # about 2/3 cannot be served
+    assert overload.succeeded > 0.5 * capacity * 8, overload.table()  # still serving at capacity
+    # Admitted requests wait at most for a full queue plus a batch or two, not for the whole run.
+    bound_s = 3 * (QUEUE_SIZE + 2 * BATCH_SIZE) / capacity + 1.0
+    assert overload.latency_ms["p99"] / 1000 < bound_s, overload.table()
+    time.sleep(1)
+    recovered = run_closed_loop(target, clients=1, duration_s=2, max_requests=20)
+    assert recovered.errors == {} and recovered.latency_ms["max"] < 2000, recovered.table()
+    assert ping(fault_server)
+
+
+def worker_pids(server: TorchServeInstance) -> list[int]:
+    description = requests.get(f"{server.management_url}/models/{MODEL}", timeout=30).json()[0]
+    return [int(worker["pid"]) for worker in description["workers"] if worker["status"] == "READY"]
+
+
+def test_a_killed_worker_is_replaced_and_no_request_hangs(fault_server):
+    (pid,) = worker_pids(fault_server)
+    with ContinuousLoad(url(fault_server), photo_bytes("chelsea.png"), clients=4) as load:
+        load.wait_for(10)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        deadline = killed_at + 90
+        while time.monotonic() < deadline and not (worker_pids(fault_server)
+                                                    and worker_pids(fault_server) != [pid]):
+            time.sleep(0.5)
+        replaced_after_s = time.monotonic() - killed_at
+        load.wait_for(20)
+    assert worker_pids(fault_server) and worker_pids(fault_server) != [pid]
+    assert replaced_after_s < 60, replaced_after_s
+    assert ping(fault_server)
+    served_after = [o for o in load.outcomes if o.sent_at > killed_at + replaced_after_s]
+    assert served_after and all(o.status == 200 for o in served_after)
+    # Requests caught by the crash fail fast with a server error; none waits for its timeout.
+    failed = load.failures()
+    assert all(o.status >= 500 for o in failed), [o.status for o in failed]
+    assert max(o.received_at - o.sent_at for o in load.outcomes) < 60
+
+
+def send_burst(server: TorchServeInstance, count: int) -> tuple[list[int], threading.Thread]:
+    statuses: list[int] = []
+
+    def one() -> None:
+        try:
+            statuses.append(requests.post(url(server), data=photo_bytes("chelsea.png"), timeout=60,
+                                          headers={"Content-Type": "image/png"}).status_code)
+        except requests.RequestException:
+            statuses.append(0)
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    waiter = threading.Thread(target=lambda: [t.join() for t in threads])
+    waiter.start()
+    return statuses, waiter
+
+
+@pytest.fixture
+def own_server(model_store: Path, tmp_path) -> Iterator[TorchServeInstance]:
+    yield from started_server(tmp_path / "run", model_store, load_models="efficientnet_lite0-1.0.mar")
+
+
+def test_torchserve_stop_drops_requests_in_flight(own_server):
+    """What TorchServe 0.12 itself does: `torchserve --stop` closes every connection at once."""
+    statuses, waiter = send_burst(own_server, 24)
+    time.sleep(0.3)  # the first batch is being computed, the rest queued
+    stop(own_server, drain_timeout_s=0)
+    waiter.join()
+    assert len(statuses) == 24 and statuses.count(0) >= 16, statuses
+
+
+def test_a_draining_stop_answers_the_requests_in_flight(own_server):
+    statuses, waiter = send_burst(own_server, 24)
+    time.sleep(0.3)
+    stop(own_server, drain_timeout_s=30, drain_grace_s=1.0)
+    waiter.join()
+    assert statuses == [200] * 24
+    assert not ping(own_server)

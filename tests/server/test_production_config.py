@@ -1,0 +1,65 @@
+"""config/config.production.properties on a real TorchServe: what it refuses, and what works."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from scripts.build_archives import PRODUCTION_CONFIG
+from scripts.torchserve_config import read_properties
+from scripts.torchserve_process import TorchServeInstance
+from tests.images import photo_bytes
+from tests.server.conftest import started_server
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def production_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    yield from started_server(tmp_path_factory.mktemp("production"), model_store,
+                              base_config=PRODUCTION_CONFIG,
+                              load_models="efficientnet_lite0-1.0.mar")
+
+
+def test_the_production_config_says_what_it_should():
+    properties = read_properties(PRODUCTION_CONFIG)
+    assert properties["disable_token_authorization"] == "false"
+    assert properties["enable_model_api"] == "false"
+    assert all(properties[key].startswith("http://127.0.0.1:")
+               for key in ("inference_address", "management_address", "metrics_address"))
+    assert properties["max_request_size"] == "6553500"
+    assert "model_store" in properties["allowed_urls"]
+
+
+def test_registering_and_deleting_models_answer_405(production_server):
+    headers = production_server.management_headers()
+    for url in ("efficientnet_lite0-1.0.mar", "file:///etc/passwd", "http://127.0.0.1:9/x.mar"):
+        answer = requests.post(f"{production_server.management_url}/models", params={"url": url},
+                               headers=headers, timeout=30)
+        assert answer.status_code == 405, (url, answer.text)
+    deleted = requests.delete(f"{production_server.management_url}/models/efficientnet_lite0/1.0",
+                              headers=headers, timeout=30)
+    assert deleted.status_code == 405
+
+
+def test_inference_without_the_token_is_refused_and_with_it_served(production_server):
+    inference = f"{production_server.inference_url}/predictions/efficientnet_lite0"
+    refused = requests.post(inference, data=photo_bytes("coffee.png"), timeout=30,
+                            headers={"Content-Type": "image/png"})
+    assert refused.status_code == 400 and refused.json()["type"] == "InvalidKeyException"
+    served = requests.post(inference, data=photo_bytes("coffee.png"), timeout=30,
+                           headers={"Content-Type": "image/png", **production_server.inference_headers()})
+    assert served.status_code == 200 and served.json()[0]["label"] == "espresso"
+
+
+def test_scaling_and_describing_still_work_with_the_management_key(production_server):
+    headers = production_server.management_headers()
+    base = f"{production_server.management_url}/models/efficientnet_lite0"
+    assert requests.get(base, timeout=30).status_code == 400  # no key
+    assert requests.get(base, headers=headers, timeout=30).json()[0]["modelVersion"] == "1.0"
+    scaled = requests.put(base, params={"min_worker": 1, "max_worker": 1, "synchronous": "true"},
+                          headers=headers, timeout=60)
+    assert scaled.status_code == 200

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -190,11 +191,12 @@ def pending_requests(instance: TorchServeInstance) -> int:
 
 
 def drain(instance: TorchServeInstance, timeout_s: float, grace_s: float) -> bool:
-    """Wait until no request is queued (twice in a row), then `grace_s` for the batches being
-    computed. True when drained; False after `timeout_s` (e.g. under continuous load)."""
+    """Wait until no request has been queued for half a second (TorchServe does not show the
+    batch a worker is computing), then `grace_s` for those batches. True when drained; False
+    after `timeout_s` (e.g. under continuous load)."""
     deadline = time.monotonic() + timeout_s
     empty_polls = 0
-    while empty_polls < 2:
+    while empty_polls < 5:
         if time.monotonic() > deadline:
             return False
         try:
@@ -212,12 +214,27 @@ def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s:
 
     TorchServe's own stop closes every connection at once: requests in flight get no answer.
     With `drain_timeout_s` > 0, queued requests are answered first (see `drain`)."""
-    if not (instance.tmp_dir / ".model_server.pid").exists():
+    pid_file = instance.tmp_dir / ".model_server.pid"
+    if not pid_file.exists():
         return
     if drain_timeout_s > 0 and not drain(instance, drain_timeout_s, drain_grace_s):
         print(f"requests still queued after {drain_timeout_s:.0f} s; stopping anyway", file=sys.stderr)
+    frontend_pid = int(pid_file.read_text().strip() or 0)
     subprocess.run(torchserve_command(instance, ["--stop"]), cwd=instance.run_dir,
                    env=instance.environment(), capture_output=True, timeout=timeout_s, check=False)
+    wait_for_exit(frontend_pid, timeout_s)
+
+
+def wait_for_exit(pid: int, timeout_s: float) -> None:
+    """`torchserve --stop` can return before the frontend has exited (seen on a busy machine):
+    wait for it, and kill it if it outlives `timeout_s`."""
+    try:
+        process = psutil.Process(pid)
+        process.wait(timeout=timeout_s)
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        process.kill()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -69,7 +69,7 @@ def test_a_battery_of_bad_and_awkward_payloads_under_concurrency(server, classif
     good = {name: photo_bytes(name) for name in ("chelsea.png", "coffee.png", "rocket.jpg")}
     expected_good = {name: json_top(classifier, body) for name, body in good.items()}
     jobs: list[tuple[str, str, bytes, str]] = []
-    for round_index in range(3):
+    for _ in range(3):
         jobs += [("bad", name, body, content_type) for name, (body, content_type, _) in bad.items()]
         jobs += [("awkward", name, body, "application/octet-stream") for name, body in awkward.items()]
         jobs += [("good", name, body, "application/octet-stream")

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from scripts.loadgen import LoadTarget, run_closed_loop, run_open_loop
-from scripts.torchserve_process import TorchServeInstance, ping, stop
+from scripts.torchserve_process import TorchServeInstance, pending_requests, ping, stop
 from tests.images import photo_bytes
 from tests.server.conftest import started_server
 from tests.server.load import ContinuousLoad
@@ -95,7 +95,11 @@ def send_burst(server: TorchServeInstance, count: int) -> tuple[list[int], threa
     threads = [threading.Thread(target=one) for _ in range(count)]
     for thread in threads:
         thread.start()
-    waiter = threading.Thread(target=lambda: [t.join() for t in threads])
+    def join_all() -> None:
+        for thread in threads:
+            thread.join()
+
+    waiter = threading.Thread(target=join_all)
     waiter.start()
     return statuses, waiter
 
@@ -105,10 +109,17 @@ def own_server(model_store: Path, tmp_path) -> Iterator[TorchServeInstance]:
     yield from started_server(tmp_path / "run", model_store, load_models="efficientnet_lite0-1.0.mar")
 
 
+def wait_until_queued(server: TorchServeInstance) -> None:
+    """Until requests wait in the queue (so a batch is being computed and more are queued)."""
+    deadline = time.monotonic() + 30
+    while pending_requests(server) == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_torchserve_stop_drops_requests_in_flight(own_server):
     """What TorchServe 0.12 itself does: `torchserve --stop` closes every connection at once."""
     statuses, waiter = send_burst(own_server, 24)
-    time.sleep(0.3)  # the first batch is being computed, the rest queued
+    wait_until_queued(own_server)
     stop(own_server, drain_timeout_s=0)
     waiter.join()
     assert len(statuses) == 24 and statuses.count(0) >= 16, statuses
@@ -116,7 +127,7 @@ def test_torchserve_stop_drops_requests_in_flight(own_server):
 
 def test_a_draining_stop_answers_the_requests_in_flight(own_server):
     statuses, waiter = send_burst(own_server, 24)
-    time.sleep(0.3)
+    wait_until_queued(own_server)
     stop(own_server, drain_timeout_s=30, drain_grace_s=1.0)
     waiter.join()
     assert statuses == [200] * 24

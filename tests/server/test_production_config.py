@@ -60,6 +60,6 @@ def test_scaling_and_describing_still_work_with_the_management_key(production_se
     base = f"{production_server.management_url}/models/efficientnet_lite0"
     assert requests.get(base, timeout=30).status_code == 400  # no key
     assert requests.get(base, headers=headers, timeout=30).json()[0]["modelVersion"] == "1.0"
-    scaled = requests.put(base, params={"min_worker": 1, "max_worker": 1, "synchronous": "true"},
+    scaled = requests.put(base, params={"min_worker": "1", "max_worker": "1", "synchronous": "true"},
                           headers=headers, timeout=60)
     assert scaled.status_code == 200

@@ -38,7 +38,9 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
         self.model = model
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> torch.Tensor:
-        return decode_image_bytes(extract_image_bytes(row), self.settings.limits, self.device)
+        settings = self.settings
+        return decode_image_bytes(extract_image_bytes(row), settings.limits, self.device,
+                                  settings.resize_size if settings.jpeg_draft else None)
 
     def preprocess(self, items: Sequence[torch.Tensor]) -> torch.Tensor:
         batch = preprocess_classification_batch(
@@ -66,6 +68,8 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
         size = self.settings.input_size
         # A compiled model specialises on shapes: warm every batch size requests can form.
         sizes = range(1, batch_size + 1) if self.settings.compile_mode else sorted({1, batch_size})
+        memory_format = torch.channels_last if self.settings.channels_last else torch.contiguous_format
         with torch.inference_mode():
             for count in sizes:
-                self.infer(torch.zeros(count, 3, size, size, device=self.device))
+                batch = torch.zeros(count, 3, size, size, device=self.device)
+                self.infer(batch.contiguous(memory_format=memory_format))

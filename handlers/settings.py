@@ -62,6 +62,7 @@ class ClassifierSettings:
     channels_last: bool
     compile_mode: str | None
     limits: ImageLimits
+    jpeg_draft: bool = True
 
 
 def _require(section: Mapping[str, Any], key: str, where: str) -> Any:
@@ -158,6 +159,7 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         channels_last=bool(handler_section.get("channels_last", False)),
         compile_mode=parse_compile_mode(handler_section.get("compile")),
         limits=parse_limits(handler_section.get("limits", {})),
+        jpeg_draft=bool(handler_section.get("jpeg_draft", True)),
     )
 
 

@@ -1,32 +1,18 @@
-"""Open a built .mar the way a TorchServe worker does, but in-process with a fake context."""
+"""Open built archives in-process for tests (see scripts/local_handler.py)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import zipfile
 from pathlib import Path
-
-import yaml
 
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.object_detector import ObjectDetectorHandler
 from scripts.build_archives import ModelDescription, stage_files
-from tests.fake_context import FakeContext
+from scripts.local_handler import archive_context, extract_archive
 
-
-def extract_archive(mar_path: Path, target: Path) -> Path:
-    target.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(mar_path) as archive:
-        archive.extractall(target)
-    return target
-
-
-def archive_context(model_dir: Path, batch_size: int = 8,
-                    request_headers: list[dict[str, str]] | None = None) -> FakeContext:
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
-    model_yaml = yaml.safe_load((model_dir / manifest["model"]["configFile"]).read_text())
-    return FakeContext(str(model_dir), manifest, model_yaml, batch_size, request_headers)
+__all__ = ["archive_context", "extract_archive", "load_classifier", "load_detector",
+           "stage_model_dir"]
 
 
 def load_classifier(mar_path: Path, work_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:

@@ -192,3 +192,26 @@ def test_an_animation_over_the_frame_limit_is_a_413_before_decoding():
     data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
     expect_client_error(data, 413, "TooManyFrames", ImageLimits(max_frames=5))
     assert decode_image_bytes(data, ImageLimits(max_frames=6)).shape == (3, 48, 64)
+
+
+def test_a_large_jpeg_is_decoded_at_reduced_scale_when_the_model_needs_less():
+    big = textured_rgb(1200, 1600, seed=4)
+    data = encode(big, "JPEG", quality=95)
+    reduced = decode_image_bytes(data, LIMITS, min_short_side=256)
+    assert reduced.shape == (3, 300, 400)  # 1/4 scale: the smallest with a short side >= 256
+    full = decode_image_bytes(data, LIMITS)
+    from torchvision.transforms.v2 import functional as F
+
+    expected = F.resize(full, [300], antialias=True).float()
+    assert (reduced.float() - expected).abs().mean() < 3.0
+
+
+def test_reduced_jpeg_decoding_still_applies_exif_orientation():
+    data = encode(textured_rgb(1200, 1600, seed=5), "JPEG", exif=exif_with_orientation(6))
+    assert decode_image_bytes(data, LIMITS, min_short_side=256).shape == (3, 400, 300)
+
+
+def test_small_jpegs_and_other_formats_are_decoded_in_full():
+    assert decode_image_bytes(encode(RGB, "JPEG"), LIMITS, min_short_side=256).shape == (3, 48, 64)
+    png = encode(textured_rgb(1200, 1600), "PNG", compress_level=1)
+    assert decode_image_bytes(png, LIMITS, min_short_side=256).shape == (3, 1200, 1600)

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from handlers.image_classifier import ImageClassifierHandler
+from scripts.local_handler import LocalContext
 from tests.archives import archive_context
-from tests.fake_context import FakeContext
 from tests.images import CAT_LABELS, photo_bytes, png_declaring_size
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
 
 
-def run(handler: ImageClassifierHandler, rows: list[dict]) -> tuple[list[Any], FakeContext]:
+def run(handler: ImageClassifierHandler, rows: list[dict]) -> tuple[list[Any], LocalContext]:
     context = archive_context(handler.model_dir, request_headers=[{} for _ in rows])
     bodies = handler.handle(rows, context)
     return [json.loads(body) for body in bodies], context

@@ -12,8 +12,8 @@ from torch import nn
 from handlers.batch_record import BatchRecord
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.serving import emit_batch_metrics
+from scripts.local_handler import LocalContext
 from tests.archives import archive_context
-from tests.fake_context import FakeContext
 from tests.images import photo_bytes
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
@@ -34,7 +34,7 @@ class OutOfMemoryAbove(nn.Module):
         return self.model(batch)
 
 
-def answers(handler: ImageClassifierHandler, rows: list[dict]) -> tuple[list, FakeContext]:
+def answers(handler: ImageClassifierHandler, rows: list[dict]) -> tuple[list, LocalContext]:
     context = archive_context(handler.model_dir)
     return [json.loads(body) for body in handler.handle(rows, context)], context
 

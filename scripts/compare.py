@@ -1,0 +1,174 @@
+"""Side by side, in one run on one machine: our handler vs TorchServe's built-in `image_classifier`
+handler serving the same weights with the same batch settings, vs our handler at batch size 1,
+vs our handler path in-process (no server). Prints the ratios:
+ours / built-in, batched / batch-1, served / in-process.
+
+    bash scripts/demo.sh            # a running server with the model API on
+    python scripts/compare.py --clients 16 --duration 20 --image-size small
+    python scripts/compare.py --clients 16 --duration 20 --image-size phone --json
+
+The built-in handler's archive is the same EfficientNet-Lite0 weights as TorchScript, with
+`--handler image_classifier` (Pillow decode, per-image torchvision transforms); it normalises with
+ImageNet's mean/std where the model expects 0.5/0.5, which changes its answers slightly but not
+its cost. The extra models are unregistered at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.benchmark_images import SIZES, benchmark_jpeg  # noqa: E402
+from scripts.build_archives import resolve_labels  # noqa: E402
+from scripts.loadgen import LoadTarget, Report, run_closed_loop  # noqa: E402
+from scripts.management_client import TorchServeClient  # noqa: E402
+from scripts.profile_model import profile_archive  # noqa: E402
+from scripts.rollout import (  # noqa: E402
+    ServingSettings,
+    archive_manifest,
+    default_version,
+    versions_of,
+    wait_for_workers,
+)
+
+BUILTIN = "builtin_efficientnet_lite0"
+BATCH_ONE = "efficientnet_lite0_batch1"
+
+
+def build_builtin_archive(store: Path) -> str:
+    """EfficientNet-Lite0 (the same real weights) as TorchScript for TorchServe's image_classifier."""
+    import timm
+
+    from scripts.pretrained_weights import efficientnet_lite0_state_dict
+
+    name = f"{BUILTIN}.mar"
+    if (store / name).is_file():
+        return name
+    model = timm.create_model("efficientnet_lite0", pretrained=False)
+    model.load_state_dict(efficientnet_lite0_state_dict())
+    with tempfile.TemporaryDirectory() as tmp:
+        program = Path(tmp) / "model.pt"
+        torch.jit.save(torch.jit.trace(model.eval(), torch.zeros(1, 3, 224, 224)), str(program))
+        labels = Path(tmp) / "index_to_name.json"
+        labels.write_text(json.dumps({str(i): n for i, n in enumerate(resolve_labels("imagenet"))}))
+        archiver = Path(sys.executable).with_name("torch-model-archiver")
+        subprocess.run([str(archiver), "--model-name", BUILTIN, "--version", "1.0",
+                        "--serialized-file", str(program), "--handler", "image_classifier",
+                        "--extra-files", str(labels), "--export-path", str(store), "--force"],
+                       check=True, capture_output=True)
+    return name
+
+
+def register(client: TorchServeClient, store: Path, archive: str, model_name: str,
+             settings: ServingSettings) -> None:
+    """Register `archive` under `model_name` (replacing an earlier registration) and wait."""
+    version = archive_manifest(store / archive)["modelVersion"]
+    unregister_all(client, model_name)
+    client.call("POST", "/models", {"url": archive, "model_name": model_name,
+                                    "batch_size": settings.batch_size,
+                                    "max_batch_delay": settings.max_batch_delay_ms,
+                                    "initial_workers": settings.min_workers,
+                                    "response_timeout": settings.response_timeout_s,
+                                    "synchronous": "true"})
+    wait_for_workers(client, model_name, version, settings.min_workers, 300)
+
+
+def unregister_all(client: TorchServeClient, model_name: str) -> None:
+    for version in versions_of(client, model_name):
+        client.unregister(model_name, version["modelVersion"])
+
+
+def drive(client: TorchServeClient, model: str, image: bytes, clients: int, duration_s: float) -> Report:
+    target = LoadTarget(f"{client.inference_url}/predictions/{model}", [image])
+    run_closed_loop(target, clients, min(3.0, duration_s), 10**6)  # warm up
+    report = run_closed_loop(target, clients, duration_s, 10**7)
+    print(f"  {model}, {clients} clients: {report.table()}", file=sys.stderr, flush=True)
+    return report
+
+
+def compare(client: TorchServeClient, store: Path, model: str, image: bytes, clients: int,
+            duration_s: float) -> dict[str, Any]:
+    current = default_version(client, model)
+    if current is None:
+        raise SystemExit(f"{model} is not served at {client.management_url}: run scripts/demo.sh")
+    settings = ServingSettings.of_version(current)
+    builtin_archive = build_builtin_archive(store)
+    register(client, store, builtin_archive, BUILTIN, settings)
+    register(client, store, current["modelUrl"], BATCH_ONE,
+             ServingSettings(1, 0, settings.min_workers, settings.max_workers, settings.response_timeout_s))
+    try:
+        reports = {"ours": drive(client, model, image, clients, duration_s),
+                   "builtin": drive(client, BUILTIN, image, clients, duration_s),
+                   "ours_batch1": drive(client, BATCH_ONE, image, clients, duration_s),
+                   "ours_one_client": drive(client, model, image, 1, duration_s),
+                   "builtin_one_client": drive(client, BUILTIN, image, 1, duration_s)}
+    finally:
+        for name in (BUILTIN, BATCH_ONE):
+            unregister_all(client, name)
+    profile = profile_archive(store / current["modelUrl"], settings.batch_size, 5, image, "benchmark")
+    in_process_rps = profile.throughput_rps("handler", settings.batch_size)
+    in_process_one_ms = profile.handler_ms[0]
+    ours = reports["ours"].throughput_rps
+    return {
+        "settings": asdict(settings), "clients": clients,
+        "throughput_rps": {name: report.throughput_rps for name, report in reports.items()},
+        "p50_ms": {name: report.latency_ms["p50"] for name, report in reports.items()},
+        "p99_ms": {name: report.latency_ms["p99"] for name, report in reports.items()},
+        "errors": {name: report.errors for name, report in reports.items() if report.errors},
+        "in_process_handler_rps": in_process_rps,
+        "in_process_model_batching_gain": profile.throughput_rps("model", settings.batch_size)
+        / profile.throughput_rps("model", 1),
+        "in_process_batch1_handler_ms": in_process_one_ms,
+        "ratios": {
+            "ours_over_builtin": ours / reports["builtin"].throughput_rps,
+            "batched_over_batch1": ours / reports["ours_batch1"].throughput_rps,
+            "served_over_in_process": ours / in_process_rps,
+            "one_client_p50_minus_in_process_batch1_ms":
+                reports["ours_one_client"].latency_ms["p50"] - in_process_one_ms,
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="efficientnet_lite0")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--image-size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--model-store", type=Path, default=REPO_ROOT / "model_store")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    client = TorchServeClient.from_environment()
+    result = compare(client, args.model_store, args.model, benchmark_jpeg(args.image_size),
+                     args.clients, args.duration)
+    result["image"] = args.image_size
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.model}, {args.image_size} JPEG, {args.clients} clients, settings {result['settings']}")
+    for name, rps in result["throughput_rps"].items():
+        print(f"  {name:20s} {rps:7.1f} req/s  p50 {result['p50_ms'][name]:7.1f} ms  "
+              f"p99 {result['p99_ms'][name]:7.1f} ms")
+    print(f"  in-process handler path at batch {result['settings']['batch_size']}: "
+          f"{result['in_process_handler_rps']:.1f} img/s; model batching gain in-process "
+          f"{result['in_process_model_batching_gain']:.2f}x")
+    for name, value in result["ratios"].items():
+        print(f"  {name:45s} {value:7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Run a model archive's handler in-process, as a TorchServe worker would, without a server.
+
+Used by the profiler and benchmarks (the "in-process handler path": JPEG bytes to JSON answer)
+and by tests. `LocalContext` stands in for `ts.context.Context`: request headers in,
+per-request statuses, content types and headers out.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from handlers.image_classifier import ImageClassifierHandler
+from handlers.object_detector import ObjectDetectorHandler
+from handlers.serving import BatchedImageHandler
+
+ENTRY_CLASSES: dict[str, type[BatchedImageHandler[Any, Any, Any]]] = {
+    "image_classifier.py": ImageClassifierHandler,
+    "object_detector.py": ObjectDetectorHandler,
+}
+
+
+class LocalContext:
+    def __init__(self, model_dir: str, manifest: dict[str, Any], model_yaml_config: dict[str, Any],
+                 batch_size: int = 8, request_headers: list[dict[str, str]] | None = None) -> None:
+        self.manifest = manifest
+        self.model_yaml_config: dict[str, Any] | None = model_yaml_config
+        self._system_properties = {"model_dir": model_dir, "gpu_id": None, "batch_size": batch_size}
+        self.request_headers = request_headers or []
+        self.statuses: dict[int, tuple[int, str]] = {}
+        self.content_types: dict[int, str] = {}
+        self.response_headers: dict[int, dict[str, str]] = {}
+
+    @property
+    def system_properties(self) -> dict[str, Any]:
+        return self._system_properties
+
+    def get_request_header(self, idx: int, key: str) -> str | None:
+        if idx < len(self.request_headers):
+            return self.request_headers[idx].get(key)
+        return None
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+        self.statuses[idx] = (code, phrase)
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self.content_types[idx] = value
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
+        self.response_headers.setdefault(idx, {})[key] = value
+
+    def status(self, idx: int) -> int:
+        return self.statuses.get(idx, (200, ""))[0]
+
+
+def extract_archive(mar_path: Path, target: Path) -> Path:
+    target.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(mar_path) as archive:
+        archive.extractall(target)
+    return target
+
+
+def archive_context(model_dir: Path, batch_size: int = 8,
+                    request_headers: list[dict[str, str]] | None = None,
+                    gpu_id: int | None = None) -> LocalContext:
+    """A context for the extracted archive in `model_dir`, as TorchServe would build it."""
+    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    model_yaml = yaml.safe_load((model_dir / manifest["model"]["configFile"]).read_text())
+    context = LocalContext(str(model_dir), manifest, model_yaml, batch_size, request_headers)
+    context.system_properties["gpu_id"] = gpu_id
+    return context
+
+
+def load_handler(model_dir: Path, batch_size: int = 8,
+                 gpu_id: int | None = None) -> BatchedImageHandler[Any, Any, Any]:
+    """The archive's handler class (from its manifest), initialized on the CPU or `gpu_id`."""
+    context = archive_context(model_dir, batch_size, gpu_id=gpu_id)
+    handler_class = ENTRY_CLASSES[Path(context.manifest["model"]["handler"]).name]
+    handler = handler_class()
+    handler.initialize(context)
+    return handler

@@ -1,0 +1,53 @@
+"""A short real-server run of the load generator, the sweep and the profiler's handler path."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scripts import sweep
+from scripts.loadgen import main as loadgen
+from scripts.management_client import TorchServeClient
+from scripts.rollout import default_version
+from scripts.torchserve_process import TorchServeInstance
+from tests.server.conftest import started_server
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def lab_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    yield from started_server(tmp_path_factory.mktemp("lab"), model_store,
+                              load_models="efficientnet_lite0-1.0.mar")
+
+
+def test_load_generator_closed_and_open_loop(lab_server, capsys):
+    assert loadgen(["--url", lab_server.inference_url, "--clients", "4", "--duration", "2", "--json"]) == 0
+    closed = json.loads(capsys.readouterr().out)
+    assert closed["succeeded"] == closed["sent"] > 0 and closed["errors"] == {}
+    assert loadgen(["--url", lab_server.inference_url, "--rate", "10", "--duration", "2", "--json"]) == 0
+    opened = json.loads(capsys.readouterr().out)
+    assert opened["offered_rps"] == 10 and opened["errors"] == {} and opened["sent"] > 5
+    assert 0 < opened["latency_ms"]["p50"] <= opened["latency_ms"]["p99"] <= opened["latency_ms"]["max"]
+
+
+def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model_store, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code = sweep.main(["--batch-sizes", "1", "4", "--delays", "5", "--clients", "1", "4",
+                       "--duration", "1.5", "--sla-ms", "5000", "--out", str(out),
+                       "--model-store", str(model_store),
+                       "--management-url", lab_server.management_url,
+                       "--inference-url", lab_server.inference_url])
+    assert code == 0
+    document = json.loads(out.with_suffix(".json").read_text())
+    assert {(p["batch_size"], p["clients"]) for p in document["points"]} == {(1, 1), (1, 4), (4, 1), (4, 4)}
+    assert all(p["errors"] == 0 and p["throughput_rps"] > 0 for p in document["points"])
+    assert document["chosen"] is not None
+    assert out.with_suffix(".png").is_file() and out.with_suffix(".csv").is_file()
+    restored = default_version(TorchServeClient(lab_server.management_url, lab_server.inference_url),
+                               "efficientnet_lite0")
+    assert restored is not None
+    assert (restored["batchSize"], restored["maxBatchDelay"]) == (8, 20)

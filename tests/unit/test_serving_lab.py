@@ -1,0 +1,136 @@
+"""The serving lab's logic: percentiles, Poisson arrivals, the t(B) fit, the tuner's choices,
+the sweep's operating point and outputs, the load generator against an instant local server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from scripts.batch_model import MAX_UTILISATION, BatchTimeFit, fit_batch_time, recommend
+from scripts.build_archives import DEFAULT_DESCRIPTIONS
+from scripts.loadgen import (
+    LoadTarget,
+    Result,
+    instant_server,
+    latency_summary,
+    poisson_schedule,
+    run_closed_loop,
+    run_open_loop,
+    summarize,
+)
+from scripts.sweep import SweepPoint, choose_operating_point, write_results
+from scripts.tune import update_models_yaml
+
+
+def test_percentiles_interpolate_between_ranks():
+    summary = latency_summary(list(range(1, 101)))  # 1..100 ms
+    assert summary["p50"] == pytest.approx(50.5)
+    assert summary["p90"] == pytest.approx(90.1)
+    assert summary["p99"] == pytest.approx(99.01)
+    assert summary["max"] == 100
+    assert latency_summary([]) == {"p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+
+
+def test_summary_counts_errors_by_status_and_uses_only_successes_for_latency():
+    results = [Result(0, 10, 200), Result(0, 1000, 503), Result(0, 20, 200), Result(0, 5000, 0)]
+    report = summarize("closed loop", results, duration_s=2.0)
+    assert (report.sent, report.succeeded, report.throughput_rps) == (4, 2, 1.0)
+    assert report.errors == {"503": 1, "connection": 1}
+    assert report.latency_ms["max"] == 20
+
+
+def test_poisson_schedule_has_the_rate_and_exponential_gaps():
+    arrivals = np.asarray(poisson_schedule(200.0, 50.0, seed=3))
+    assert len(arrivals) == pytest.approx(10_000, rel=0.05)
+    assert np.all(np.diff(arrivals) > 0) and arrivals[-1] < 50.0
+    gaps = np.diff(arrivals)
+    assert gaps.mean() == pytest.approx(1 / 200, rel=0.05)
+    assert gaps.std() == pytest.approx(gaps.mean(), rel=0.1)  # exponential: std == mean
+    assert poisson_schedule(200.0, 50.0, seed=3) == arrivals.tolist()  # deterministic per seed
+    with pytest.raises(ValueError):
+        poisson_schedule(0, 1)
+
+
+def test_fit_recovers_t_fixed_and_t_img_from_noisy_synthetic_data():
+    rng = np.random.default_rng(0)
+    sizes = [1, 2, 4, 8, 16, 32]
+    times = [12.0 + 3.0 * b + rng.normal(0, 0.2) for b in sizes]
+    fit = fit_batch_time(sizes, times)
+    assert fit.t_fixed_ms == pytest.approx(12.0, abs=0.5)
+    assert fit.t_img_ms == pytest.approx(3.0, abs=0.05)
+    assert fit.rms_error_ms < 0.4 and fit.r_squared > 0.999
+    assert fit.capacity_rps(8) == pytest.approx(8000 / (fit.t_fixed_ms + 8 * fit.t_img_ms))
+    with pytest.raises(ValueError):
+        fit_batch_time([4, 4], [1.0, 2.0])
+
+
+GPU_LIKE = BatchTimeFit(t_fixed_ms=20.0, t_img_ms=1.0, rms_error_ms=0.1, r_squared=1.0)
+
+
+def test_tuner_picks_the_smallest_batch_that_covers_the_rate():
+    # capacity(B) = 1000 B / (20 + B); 75% of it must cover 200 req/s -> B >= 7.3
+    choice = recommend(GPU_LIKE, p99_target_ms=200, rate_rps=200, max_batch=64)
+    assert choice.feasible and choice.batch_size == 8
+    assert MAX_UTILISATION * choice.capacity_rps >= 200 > MAX_UTILISATION * GPU_LIKE.capacity_rps(7)
+    assert choice.max_batch_delay_ms == int(1000 * 7 / 200)  # the time 200 req/s take to fill it
+    assert choice.predicted_p99_ms <= 200
+
+
+def test_tuner_for_maximum_throughput_takes_the_largest_batch_within_the_target():
+    choice = recommend(GPU_LIKE, p99_target_ms=200, rate_rps=None, max_batch=256)
+    assert choice.batch_size == 80  # 2 * (20 + 80) = 200
+    assert choice.predicted_p99_ms <= 200
+
+
+def test_tuner_says_when_the_target_cannot_be_met():
+    too_tight = recommend(GPU_LIKE, p99_target_ms=30, rate_rps=10, max_batch=64)
+    assert not too_tight.feasible and "batch size 1" in too_tight.reason
+    too_fast = recommend(GPU_LIKE, p99_target_ms=100, rate_rps=5000, max_batch=64)
+    assert not too_fast.feasible and too_fast.batch_size == 30  # the best within the target
+
+
+def point(batch, clients, rps, p99, errors=0) -> SweepPoint:
+    return SweepPoint(batch, 20, 1, clients, rps, p99 / 2, p99, errors)
+
+
+def test_operating_point_is_the_fastest_that_meets_the_sla_without_errors():
+    points = [point(1, 1, 30, 50), point(8, 16, 45, 420), point(8, 32, 47, 900), point(4, 16, 46, 300, 2)]
+    assert choose_operating_point(points, sla_ms=500) == points[1]
+    assert choose_operating_point(points, sla_ms=10) is None
+
+
+def test_sweep_writes_json_csv_and_a_plot(tmp_path):
+    points = [point(1, 1, 30, 50), point(1, 8, 32, 300), point(8, 1, 20, 100), point(8, 8, 45, 280)]
+    write_results(points, points[3], 500, tmp_path / "sweep", "test")
+    document = json.loads((tmp_path / "sweep.json").read_text())
+    assert document["chosen"]["throughput_rps"] == 45 and len(document["points"]) == 4
+    assert (tmp_path / "sweep.csv").read_text().count("\n") == 5
+    assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_tuner_writes_only_the_chosen_models_serving_settings(tmp_path):
+    copy = tmp_path / "models.yaml"
+    shutil.copy(DEFAULT_DESCRIPTIONS, copy)
+    update_models_yaml(copy, "efficientnet_lite0", 16, 7)
+    text = copy.read_text()
+    first, second = text.split("  - name: ssdlite320")
+    assert "batch_size: 16" in first and "max_batch_delay_ms: 7" in first
+    assert "batch_size: 4" in second and "max_batch_delay_ms: 20" in second
+    assert "# Model descriptions" in text  # comments kept
+
+
+def test_load_generator_measures_an_instant_server_without_errors():
+    server, url = instant_server()
+    try:
+        target = LoadTarget(url, [b"x" * 1000])
+        closed = run_closed_loop(target, clients=4, duration_s=1.0, max_requests=100_000)
+        assert closed.errors == {} and closed.succeeded == closed.sent > 100
+        opened = run_open_loop(target, rate_rps=100, duration_s=1.0, max_requests=100_000, seed=2)
+        assert opened.errors == {} and opened.sent == len(poisson_schedule(100, 1.0, seed=2))
+        capped = run_closed_loop(target, clients=2, duration_s=5.0, max_requests=50)
+        assert capped.sent <= 52  # bounded by count (each client may finish its request in flight)
+    finally:
+        server.shutdown()

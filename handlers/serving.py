@@ -27,7 +27,7 @@ from handlers.batch_record import STAGES, BatchRecord
 from handlers.batching import decode_each, merge_outcomes
 from handlers.errors import ClientError
 from handlers.model_loading import resolve_device
-from handlers.settings import parse_log_batches
+from handlers.settings import parse_log_batches, parse_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,9 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
         self.max_batch_size = int(properties.get("batch_size") or 1)
         handler_settings = (context.model_yaml_config or {}).get("handler", {})
         self.log_batches = parse_log_batches(handler_settings)
+        threads = parse_torch_threads(handler_settings)
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.load(handler_settings, model_manifest.get("serializedFile"))
         started = time.perf_counter()
         self.warm_up(self.max_batch_size)

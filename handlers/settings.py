@@ -128,6 +128,13 @@ def parse_log_batches(handler_section: Mapping[str, Any]) -> bool:
     return value
 
 
+def parse_torch_threads(handler_section: Mapping[str, Any]) -> int | None:
+    """`torch_threads`: intra-op threads of each worker (default: PyTorch's, one per core).
+    With several workers on a CPU host, workers x threads should not exceed the cores."""
+    value = handler_section.get("torch_threads")
+    return None if value is None else _positive_int(value, "torch_threads")
+
+
 def parse_compile_mode(value: Any) -> str | None:
     if value in (None, False):
         return None

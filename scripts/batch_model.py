@@ -34,12 +34,18 @@ class BatchTimeFit:
 
 
 def fit_batch_time(batch_sizes: Sequence[int], batch_ms: Sequence[float]) -> BatchTimeFit:
-    """Least-squares line through (B, t(B)). Needs at least two distinct batch sizes."""
+    """Least-squares line through (B, t(B)). Needs at least two distinct batch sizes.
+
+    A negative fixed cost has no physical meaning (it comes from noise, or from per-image costs
+    that grow faster than linearly) and would make batch size 1 look faster than it is, so the
+    line is then refitted through the origin: t_fixed = 0, t_img = sum(B t) / sum(B^2)."""
     sizes = np.asarray(batch_sizes, dtype=float)
     times = np.asarray(batch_ms, dtype=float)
     if len(set(batch_sizes)) < 2 or len(sizes) != len(times):
         raise ValueError("need t(B) for at least two different batch sizes")
     slope, intercept = np.polyfit(sizes, times, 1)
+    if intercept < 0:
+        slope, intercept = float((sizes * times).sum() / (sizes ** 2).sum()), 0.0
     residuals = times - (intercept + slope * sizes)
     total = float(((times - times.mean()) ** 2).sum())
     r_squared = 1.0 - float((residuals ** 2).sum()) / total if total > 0 else 1.0

@@ -8,6 +8,7 @@ import functools
 import pytest
 import requests
 
+from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
 from scripts.torchserve_process import TorchServeInstance, ping
 from tests.images import CAT_LABELS, encode, photo_bytes, png_declaring_size, textured_rgb
 from tests.server.http_client import Reply, concurrently, post_image
@@ -124,7 +125,9 @@ def test_unknown_model_is_404(server):
 def test_batch_settings_come_from_config_properties(server):
     described = requests.get(f"{server.management_url}/models/efficientnet_lite0",
                              timeout=30).json()[0]
-    assert (described["batchSize"], described["maxBatchDelay"]) == (8, 20)
+    serving = {d.name: d.serving for d in load_descriptions(DEFAULT_DESCRIPTIONS)}["efficientnet_lite0"]
+    assert (described["batchSize"], described["maxBatchDelay"]) == (serving.batch_size,
+                                                                    serving.max_batch_delay_ms)
     assert described["minWorkers"] == 1 and described["workers"][0]["status"] == "READY"
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scripts import sweep
+from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
 from scripts.loadgen import main as loadgen
 from scripts.management_client import TorchServeClient
 from scripts.rollout import default_version
@@ -50,4 +51,6 @@ def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model
     restored = default_version(TorchServeClient(lab_server.management_url, lab_server.inference_url),
                                "efficientnet_lite0")
     assert restored is not None
-    assert (restored["batchSize"], restored["maxBatchDelay"]) == (8, 20)
+    serving = {d.name: d.serving for d in load_descriptions(DEFAULT_DESCRIPTIONS)}["efficientnet_lite0"]
+    assert (restored["batchSize"], restored["maxBatchDelay"]) == (serving.batch_size,
+                                                                  serving.max_batch_delay_ms)

@@ -67,6 +67,12 @@ def test_fit_recovers_t_fixed_and_t_img_from_noisy_synthetic_data():
         fit_batch_time([4, 4], [1.0, 2.0])
 
 
+def test_a_negative_fixed_cost_is_refitted_through_the_origin():
+    fit = fit_batch_time([1, 2, 4, 8], [8.0, 20.0, 44.0, 92.0])  # the free line: -4 + 12 B
+    assert fit.t_fixed_ms == 0.0
+    assert fit.t_img_ms == pytest.approx((8 + 40 + 176 + 736) / (1 + 4 + 16 + 64))
+
+
 GPU_LIKE = BatchTimeFit(t_fixed_ms=20.0, t_img_ms=1.0, rms_error_ms=0.1, r_squared=1.0)
 
 

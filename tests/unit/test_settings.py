@@ -2,7 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.settings import SettingsError, parse_classifier_settings
+from handlers.settings import (
+    SettingsError,
+    parse_classifier_settings,
+    parse_log_batches,
+    parse_torch_threads,
+)
 
 MINIMAL = {"model": {"source": "timm", "architecture": "efficientnet_lite0"}}
 
@@ -39,3 +44,12 @@ def test_missing_model_section_and_architecture_are_reported():
         parse_classifier_settings({"model": {"source": "torchvision"}})
     with pytest.raises(SettingsError, match="no 'handler:' section"):
         parse_classifier_settings(None)
+
+
+def test_serving_options_of_the_base_handler():
+    assert parse_torch_threads({}) is None and parse_torch_threads({"torch_threads": 1}) == 1
+    assert parse_log_batches({}) is True and parse_log_batches({"log_batches": False}) is False
+    with pytest.raises(SettingsError, match="torch_threads"):
+        parse_torch_threads({"torch_threads": 0})
+    with pytest.raises(SettingsError, match="log_batches"):
+        parse_log_batches({"log_batches": "no"})

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.object_detector import ObjectDetectorHandler
@@ -18,8 +22,19 @@ __all__ = ["archive_context", "extract_archive", "load_classifier", "load_detect
 def load_classifier(mar_path: Path, work_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:
     model_dir = extract_archive(mar_path, work_dir / mar_path.stem)
     handler = ImageClassifierHandler()
-    handler.initialize(archive_context(model_dir, batch_size))
+    with process_threads_kept():
+        handler.initialize(archive_context(model_dir, batch_size))
     return handler
+
+
+@contextmanager
+def process_threads_kept() -> Iterator[None]:
+    """A handler's `torch_threads` is meant for its worker process; keep the test process's own."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def stage_model_dir(description: ModelDescription, target: Path) -> Path:
@@ -38,5 +53,6 @@ def stage_model_dir(description: ModelDescription, target: Path) -> Path:
 
 def load_detector(model_dir: Path, batch_size: int = 4) -> ObjectDetectorHandler:
     handler = ObjectDetectorHandler()
-    handler.initialize(archive_context(model_dir, batch_size))
+    with process_threads_kept():
+        handler.initialize(archive_context(model_dir, batch_size))
     return handler

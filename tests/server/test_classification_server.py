@@ -128,7 +128,8 @@ def test_batch_settings_come_from_config_properties(server):
     serving = {d.name: d.serving for d in load_descriptions(DEFAULT_DESCRIPTIONS)}["efficientnet_lite0"]
     assert (described["batchSize"], described["maxBatchDelay"]) == (serving.batch_size,
                                                                     serving.max_batch_delay_ms)
-    assert described["minWorkers"] == 1 and described["workers"][0]["status"] == "READY"
+    assert described["minWorkers"] == serving.min_workers
+    assert [w["status"] for w in described["workers"]] == ["READY"] * serving.min_workers
 
 
 def test_replies_carry_the_batch_size_they_were_served_in(server):

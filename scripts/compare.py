@@ -1,7 +1,8 @@
 """Side by side, in one run on one machine: our handler vs TorchServe's built-in `image_classifier`
 handler serving the same weights with the same batch settings, vs our handler at batch size 1,
 vs our handler path in-process (no server). Prints the ratios:
-ours / built-in, batched / batch-1, served / in-process.
+ours / built-in, batched / batch-1, served / in-process (the in-process handler path of one
+worker, times the number of workers).
 
     bash scripts/demo.sh            # a running server with the model API on
     python scripts/compare.py --clients 16 --duration 20 --image-size small
@@ -114,11 +115,17 @@ def compare(client: TorchServeClient, store: Path, model: str, image: bytes, cli
                    "ours_batch1": drive(client, BATCH_ONE, image, clients, duration_s),
                    "ours_one_client": drive(client, model, image, 1, duration_s),
                    "builtin_one_client": drive(client, BUILTIN, image, 1, duration_s)}
+        if settings.min_workers > 1:
+            # The built-in handler leaves PyTorch at one thread per core, so several workers
+            # oversubscribe the CPU; give it its best worker count as well.
+            client.scale(BUILTIN, "1.0", 1, 1)
+            reports["builtin_1_worker"] = drive(client, BUILTIN, image, clients, duration_s)
     finally:
         for name in (BUILTIN, BATCH_ONE):
             unregister_all(client, name)
     profile = profile_archive(store / current["modelUrl"], settings.batch_size, 5, image, "benchmark")
-    in_process_rps = profile.throughput_rps("handler", settings.batch_size)
+    # The in-process path is one worker's; the server runs `min_workers` of them.
+    in_process_rps = profile.throughput_rps("handler", settings.batch_size) * settings.min_workers
     in_process_one_ms = profile.handler_ms[0]
     ours = reports["ours"].throughput_rps
     return {
@@ -132,7 +139,9 @@ def compare(client: TorchServeClient, store: Path, model: str, image: bytes, cli
         / profile.throughput_rps("model", 1),
         "in_process_batch1_handler_ms": in_process_one_ms,
         "ratios": {
-            "ours_over_builtin": ours / reports["builtin"].throughput_rps,
+            "ours_over_builtin": ours / max(report.throughput_rps for name, report in reports.items()
+                                            if name in ("builtin", "builtin_1_worker")),
+            "ours_over_builtin_same_workers": ours / reports["builtin"].throughput_rps,
             "batched_over_batch1": ours / reports["ours_batch1"].throughput_rps,
             "served_over_in_process": ours / in_process_rps,
             "one_client_p50_minus_in_process_batch1_ms":

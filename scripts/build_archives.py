@@ -40,6 +40,7 @@ from handlers.settings import (  # noqa: E402
 )
 from scripts.fixed_seed_weights import fixed_seed_model  # noqa: E402
 from scripts.pretrained_weights import WeightsError, packaged_state_dict  # noqa: E402
+from scripts.rollout import ServingSettings  # noqa: E402
 from scripts.torchserve_config import models_property  # noqa: E402
 
 DEFAULT_DESCRIPTIONS = REPO_ROOT / "config" / "models.yaml"
@@ -62,17 +63,6 @@ class BuildError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ServingSettings:
-    """Batch and worker settings for config.properties (TorchServe fixes them at registration)."""
-
-    batch_size: int = 8
-    max_batch_delay_ms: int = 20
-    min_workers: int = 1
-    max_workers: int = 1
-    response_timeout_s: int = 60
-
-
-@dataclass(frozen=True)
 class ModelDescription:
     name: str
     version: str
@@ -84,7 +74,7 @@ class ModelDescription:
     num_classes: int | None = None
     builder_kwargs: Mapping[str, Any] = field(default_factory=dict)
     handler_options: Mapping[str, Any] = field(default_factory=dict)
-    serving: ServingSettings = ServingSettings()
+    serving: ServingSettings = field(default_factory=ServingSettings)
 
     @property
     def archive_name(self) -> str:

@@ -152,8 +152,7 @@ def command_unregister(client: TorchServeClient, args: argparse.Namespace) -> No
 
 def rollout_plan(client: TorchServeClient, args: argparse.Namespace, archive: str) -> RolloutPlan:
     current = default_version(client, args.model)
-    base = (ServingSettings.of_version(current) if current
-            else ServingSettings(8, 20, 1, 1, 60))
+    base = ServingSettings.of_version(current) if current else ServingSettings()
     low, high = worker_counts(args, client, (base.min_workers, base.max_workers))
     settings = ServingSettings(
         batch_size=args.batch_size or base.batch_size,

@@ -32,11 +32,14 @@ class RolloutError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServingSettings:
-    batch_size: int
-    max_batch_delay_ms: int
-    min_workers: int
-    max_workers: int
-    response_timeout_s: int
+    """Batch and worker settings of a model version (TorchServe fixes them at registration);
+    also the `serving:` section of config/models.yaml."""
+
+    batch_size: int = 8
+    max_batch_delay_ms: int = 20
+    min_workers: int = 1
+    max_workers: int = 1
+    response_timeout_s: int = 60
 
     @classmethod
     def of_version(cls, description: dict[str, Any]) -> ServingSettings:
@@ -135,21 +138,32 @@ def wait_for_workers(client: TorchServeClient, model: str, version: str, count: 
         time.sleep(0.5)
 
 
+def wait_for_empty_queue(pending: Callable[[], int], timeout_s: float, grace_s: float) -> bool:
+    """Wait until `pending()` (queued requests) has stayed 0 for half a second, then `grace_s` for
+    the batches workers are computing (TorchServe does not show those). False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    empty_polls = 0
+    while empty_polls < 5:
+        if time.monotonic() > deadline:
+            return False
+        empty_polls = empty_polls + 1 if pending() == 0 else 0
+        time.sleep(0.1)
+    time.sleep(grace_s)
+    return True
+
+
 def wait_for_drain(client: TorchServeClient, model: str, version: str, timeout_s: float,
                    grace_s: float) -> None:
     """Wait until the version's job queue stays empty, then `grace_s` for the batch in flight."""
     if client.dry_run:
         return
-    deadline = time.monotonic() + timeout_s
-    empty_polls = 0
-    while empty_polls < 2:
-        status = client.describe(model, version)[0].get("jobQueueStatus", {})
-        empty_polls = empty_polls + 1 if status.get("pendingRequests", 0) == 0 else 0
-        if time.monotonic() > deadline:
-            raise RolloutError(f"{model} {version} still had {status.get('pendingRequests')} "
-                               f"queued requests after {timeout_s:.0f} s")
-        time.sleep(0.25)
-    time.sleep(grace_s)
+
+    def pending() -> int:
+        return int(client.describe(model, version)[0].get("jobQueueStatus", {}).get("pendingRequests", 0))
+
+    if not wait_for_empty_queue(pending, timeout_s, grace_s):
+        raise RolloutError(f"{model} {version} still had {pending()} queued requests after "
+                           f"{timeout_s:.0f} s")
 
 
 # --- smoke test -------------------------------------------------------------------------------

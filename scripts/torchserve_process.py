@@ -27,6 +27,7 @@ import requests
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from scripts.rollout import wait_for_empty_queue  # noqa: E402
 from scripts.torchserve_config import read_properties  # noqa: E402
 
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
@@ -191,21 +192,15 @@ def pending_requests(instance: TorchServeInstance) -> int:
 
 
 def drain(instance: TorchServeInstance, timeout_s: float, grace_s: float) -> bool:
-    """Wait until no request has been queued for half a second (TorchServe does not show the
-    batch a worker is computing), then `grace_s` for those batches. True when drained; False
-    after `timeout_s` (e.g. under continuous load)."""
-    deadline = time.monotonic() + timeout_s
-    empty_polls = 0
-    while empty_polls < 5:
-        if time.monotonic() > deadline:
-            return False
+    """Wait until no request is queued, then `grace_s` for the batches being computed (see
+    `wait_for_empty_queue`). True when drained; False after `timeout_s` (continuous load)."""
+    def pending() -> int:
         try:
-            empty_polls = empty_polls + 1 if pending_requests(instance) == 0 else 0
+            return pending_requests(instance)
         except (requests.RequestException, ValueError, KeyError):
-            return True  # not answering: nothing left to drain
-        time.sleep(0.1)
-    time.sleep(grace_s)
-    return True
+            return 0  # not answering: nothing left to drain
+
+    return wait_for_empty_queue(pending, timeout_s, grace_s)
 
 
 def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s: float = 0.0,

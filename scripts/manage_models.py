@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -137,8 +138,30 @@ def command_scale(client: TorchServeClient, args: argparse.Namespace) -> None:
     current = client.describe(args.model, args.version)[0]
     version = current["modelVersion"]
     low, high = worker_counts(args, client, (current["minWorkers"], current["maxWorkers"]))
+    default = default_version(client, args.model)
+    if low < len(current["workers"]) and default and default["modelVersion"] == version:
+        scale_down_by_swap(client, args, current, low, high)
+        return
     say(client.scale(args.model, version, low, high))
     wait_for_workers(client, args.model, version, low, args.timeout)
+    print(f"{args.model} {version}: workers min {low} / max {high}")
+
+
+def scale_down_by_swap(client: TorchServeClient, args: argparse.Namespace,
+                       current: dict[str, Any], low: int, high: int) -> None:
+    """TorchServe stops surplus workers even in the middle of a batch (those requests get 500
+    "Worker died"), so the default version is scaled down by rolling out a copy of its archive
+    with fewer workers: the old workers finish their queue before they go."""
+    settings = replace(ServingSettings.of_version(current), min_workers=low, max_workers=high)
+    version = f"{current['modelVersion'].split('-w')[0]}-w{low}"
+    archive = (f"{args.model}-{version}.mar" if client.dry_run
+               else archive_with_version(args.model_store, current["modelUrl"], version))
+    plan = RolloutPlan(args.model, archive, settings, default_smoke_image().read_bytes(),
+                       workers_timeout_s=args.timeout)
+    if client.dry_run:
+        print(f"[dry-run] would roll out {archive} with {settings} (scaling down without failures)")
+        return
+    rollout(client, plan, args.model_store, print)
     print(f"{args.model} {version}: workers min {low} / max {high}")
 
 

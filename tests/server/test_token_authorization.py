@@ -11,6 +11,7 @@ import requests
 
 from scripts.manage_models import main as manage
 from scripts.management_client import KeyFile, TorchServeClient
+from scripts.torchserve_config import read_properties
 from scripts.torchserve_process import TorchServeInstance
 from tests.images import photo_bytes
 from tests.server.conftest import started_server
@@ -28,7 +29,8 @@ def secured_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIn
 
 def cli(server: TorchServeInstance, *args: str) -> int:
     return manage([*args, "--management-url", server.management_url,
-                   "--inference-url", server.inference_url, "--key-file", str(server.key_file)])
+                   "--inference-url", server.inference_url, "--key-file", str(server.key_file),
+                   "--model-store", str(Path(read_properties(server.config_path)["model_store"]))])
 
 
 def keys(server: TorchServeInstance) -> dict:

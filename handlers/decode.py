@@ -89,7 +89,7 @@ def read_header(data: bytes) -> ImageHeader:
         return ImageHeader("WEBP", width, height, orientation, bool(getattr(image, "is_animated", False)))
     except Image.DecompressionBombError as error:
         raise ClientError(413, "ImageTooLarge", str(error)) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, KeyError, TypeError):
         raise _describe_unreadable(data) from None
 
 
@@ -184,7 +184,9 @@ def decode_with_pillow(data: bytes, header: ImageHeader, limits: ImageLimits,
         if draft_size_wh is not None:
             image.draft("RGB", draft_size_wh)
         rgb = _pillow_to_rgb(ImageOps.exif_transpose(image))
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError) as error:
+    # Pillow's plugins raise more than OSError on corrupted files: e.g. TypeError("Missing
+    # dimensions") from a TIFF whose later frame lacks its size tags (found by the property tests).
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError, TypeError) as error:
         raise ClientError(
             400, "UndecodableImage", f"the {header.image_format} image could not be decoded: {error}"
         ) from None

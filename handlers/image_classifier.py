@@ -14,7 +14,13 @@ from torch import nn
 
 from handlers.classification import ClassScore, top_k_classes
 from handlers.decode import decode_image_bytes
-from handlers.model_loading import autocast, compile_if_asked, load_labels, load_model
+from handlers.model_loading import (
+    autocast,
+    compile_if_asked,
+    load_labels,
+    load_model,
+    resolve_precision,
+)
 from handlers.request_body import extract_image_bytes
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.settings import ClassifierSettings, parse_classifier_settings
@@ -25,16 +31,19 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
     settings: ClassifierSettings
     model: nn.Module
     labels: list[str]
+    precision: str  # what runs here: settings.precision where this device supports it, else fp32
 
     def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
         self.settings = parse_classifier_settings(handler_settings)
         if serialized_file is None:
             raise ValueError("the archive has no serialized model file (--serialized-file)")
         self.labels = load_labels(self.model_dir / self.settings.labels_file)
+        self.precision = resolve_precision(self.settings.precision, self.device)
         model = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
         if self.settings.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        model = compile_if_asked(model, self.settings.compile_mode, self.settings.precision, self.device)
+        model = compile_if_asked(model, self.settings.compile_mode, self.device,
+                                      self.max_batch_size)
         self.model = model
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> torch.Tensor:
@@ -56,7 +65,7 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
         return batch
 
     def infer(self, model_input: torch.Tensor) -> torch.Tensor:
-        with autocast(self.device, self.settings.precision):
+        with autocast(self.device, self.precision):
             logits = self.model(model_input)
         return logits
 

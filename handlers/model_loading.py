@@ -80,21 +80,59 @@ def load_model(source: ModelSource, weights_path: Path, device: torch.device) ->
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def cpu_has_native_bf16() -> bool:
+    """This CPU computes bf16 in hardware (AVX512-BF16 or AMX), which oneDNN uses for bf16
+    convolutions and matrix products. Elsewhere bf16 is emulated and slower than fp32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def effective_precision(precision: str, device: torch.device, native_cpu_bf16: bool) -> str:
+    """The precision a worker runs: fp16 / bf16 on CUDA; on the CPU bf16 where the CPU has native
+    bf16, and fp32 for everything else (fp16 on a CPU, bf16 on a CPU without it)."""
+    if device.type == "cuda" or precision == "fp32":
+        return precision
+    return "bf16" if precision == "bf16" and native_cpu_bf16 else "fp32"
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`effective_precision` on this machine; logs when the asked precision cannot apply."""
+    effective = effective_precision(precision, device, device.type == "cpu" and cpu_has_native_bf16())
+    if effective != precision:
+        logger.warning("precision=%s cannot run natively on %s; running %s", precision, device,
+                       effective)
+    return effective
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
-    """fp16 / bf16 autocast on CUDA; fp32 (no autocast) otherwise."""
-    if device.type == "cuda" and precision in AUTOCAST_DTYPES:
-        return torch.autocast("cuda", dtype=AUTOCAST_DTYPES[precision])
+    """Autocast to fp16 / bf16 on the device (an effective precision: see `resolve_precision`);
+    fp32 runs without autocast."""
+    if precision in AUTOCAST_DTYPES:
+        return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
     return contextlib.nullcontext()
 
 
-def compile_if_asked(model: nn.Module, compile_mode: str | None, precision: str,
-                     device: torch.device) -> nn.Module:
-    """`torch.compile` the model when a mode is set; warn when a precision cannot apply here."""
-    if precision != "fp32" and device.type != "cuda":
-        logger.warning("precision=%s applies on CUDA only; running fp32 on %s", precision, device)
+def compile_if_asked(model: nn.Module, compile_mode: str | None, device: torch.device,
+                     max_batch_size: int) -> nn.Module:
+    """`torch.compile` the model when a mode is set, with static shapes: one graph per batch size
+    (the handler's warm-up compiles each of 1..max_batch_size, so no request compiles). Measured on
+    EfficientNet-Lite0 (bf16, 1 thread): static batch 8 34 ms vs 38 ms with a dynamic batch
+    dimension, and 7 s vs 35 s of compile per graph.
+
+    On the CPU, Inductor's freezing is turned on: the weights become constants, so batch norms
+    fold into the convolutions and oneDNN gets pre-packed weights (batch 8, one thread: 144 ->
+    99 ms fp32, 33 ms bf16; without freezing compile gained nothing). Serving never changes the
+    weights."""
     if compile_mode is None:
         return model
-    return torch.compile(model, mode=compile_mode)  # type: ignore[return-value]
+    import torch._dynamo.config as dynamo_config
+
+    # Dynamo keeps at most `recompile_limit` graphs per function and runs eagerly past it.
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, max_batch_size)
+    if device.type == "cpu":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = True
+    return torch.compile(model, mode=compile_mode, dynamic=False)  # type: ignore[return-value]
 
 
 def load_labels(path: Path) -> list[str]:

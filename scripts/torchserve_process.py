@@ -32,6 +32,12 @@ from scripts.torchserve_config import read_properties  # noqa: E402
 
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
+# torch.compile's cache (Inductor's compiled kernels), shared by every instance started from this
+# checkout: each instance has its own TMPDIR, where Inductor would otherwise keep a cache of its own
+# and every start would compile from scratch.
+DEFAULT_COMPILE_CACHE = REPO_ROOT / ".cache" / "torchinductor"
+# Frontend logging at INFO, each line once, written off the request path (see the file).
+DEFAULT_LOG_CONFIG = REPO_ROOT / "config" / "log4j2.xml"
 
 
 class ServerError(RuntimeError):
@@ -45,6 +51,7 @@ class TorchServeInstance:
     inference_url: str
     management_url: str
     metrics_url: str
+    log_config: Path | None = DEFAULT_LOG_CONFIG  # None: TorchServe's built-in log4j2 config
 
     @property
     def tmp_dir(self) -> Path:
@@ -59,6 +66,7 @@ class TorchServeInstance:
         env["TMPDIR"] = str(self.tmp_dir)
         env["LOG_LOCATION"] = str(self.log_dir)
         env["METRICS_LOCATION"] = str(self.log_dir)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(DEFAULT_COMPILE_CACHE))
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         return env
@@ -88,7 +96,8 @@ class TorchServeInstance:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def instance_for(config_path: Path, run_dir: Path) -> TorchServeInstance:
+def instance_for(config_path: Path, run_dir: Path,
+                 log_config: Path | None = DEFAULT_LOG_CONFIG) -> TorchServeInstance:
     properties = read_properties(config_path)
     return TorchServeInstance(
         run_dir=run_dir.resolve(),
@@ -96,6 +105,7 @@ def instance_for(config_path: Path, run_dir: Path) -> TorchServeInstance:
         inference_url=properties.get("inference_address", "http://127.0.0.1:8080"),
         management_url=properties.get("management_address", "http://127.0.0.1:8081"),
         metrics_url=properties.get("metrics_address", "http://127.0.0.1:8082"),
+        log_config=log_config.resolve() if log_config else None,
     )
 
 
@@ -168,6 +178,8 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
     store = model_store or configured_model_store(instance.config_path)
     extra = ["--start", "--ncs", "--ts-config", str(instance.config_path),
              "--model-store", str(store.resolve())]
+    if instance.log_config is not None:
+        extra += ["--log-config", str(instance.log_config)]
     with open(instance.run_dir / "torchserve.out", "ab") as output:
         result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
                                 env=instance.environment(), stdout=output,
@@ -243,8 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="start: seconds to wait until every model's workers are ready")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="stop: seconds to wait for queued requests first (0: stop at once)")
+    parser.add_argument("--log-config", type=Path, default=DEFAULT_LOG_CONFIG,
+                        help="start: log4j2 configuration (default: config/log4j2.xml)")
+    parser.add_argument("--builtin-log-config", action="store_true",
+                        help="start: TorchServe's own log4j2 configuration (DEBUG, for comparison)")
     args = parser.parse_args(argv)
-    instance = instance_for(args.config, args.run_dir)
+    instance = instance_for(args.config, args.run_dir,
+                            None if args.builtin_log_config else args.log_config)
     try:
         if args.action == "start":
             if ping(instance):

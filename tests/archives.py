@@ -15,16 +15,12 @@ from handlers.object_detector import ObjectDetectorHandler
 from scripts.build_archives import ModelDescription, stage_files
 from scripts.local_handler import archive_context, extract_archive
 
-__all__ = ["archive_context", "extract_archive", "load_classifier", "load_detector",
-           "stage_model_dir"]
+__all__ = ["archive_context", "extract_archive", "load_classifier", "load_classifier_dir",
+           "load_detector", "stage_model_dir"]
 
 
 def load_classifier(mar_path: Path, work_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:
-    model_dir = extract_archive(mar_path, work_dir / mar_path.stem)
-    handler = ImageClassifierHandler()
-    with process_threads_kept():
-        handler.initialize(archive_context(model_dir, batch_size))
-    return handler
+    return load_classifier_dir(extract_archive(mar_path, work_dir / mar_path.stem), batch_size)
 
 
 @contextmanager
@@ -53,6 +49,14 @@ def stage_model_dir(description: ModelDescription, target: Path) -> Path:
 
 def load_detector(model_dir: Path, batch_size: int = 4) -> ObjectDetectorHandler:
     handler = ObjectDetectorHandler()
+    with process_threads_kept():
+        handler.initialize(archive_context(model_dir, batch_size))
+    return handler
+
+
+def load_classifier_dir(model_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:
+    """A classifier from a staged (not zipped) model directory; see `stage_model_dir`."""
+    handler = ImageClassifierHandler()
     with process_threads_kept():
         handler.initialize(archive_context(model_dir, batch_size))
     return handler

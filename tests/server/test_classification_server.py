@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import functools
+import time
 
 import pytest
 import requests
 
 from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
 from scripts.torchserve_process import TorchServeInstance, ping
+from tests.answers import assert_same_answer as assert_answers_match
+from tests.answers import served_classifier_precision
 from tests.images import CAT_LABELS, encode, photo_bytes, png_declaring_size, textured_rgb
 from tests.server.http_client import Reply, concurrently, post_image
 
@@ -33,9 +36,8 @@ def solo_answers(server) -> dict[str, list[dict]]:
 
 
 def assert_same_answer(served: list[dict], alone: list[dict]) -> None:
-    assert [c["index"] for c in served] == [c["index"] for c in alone]
-    for a, b in zip(served, alone, strict=True):
-        assert a["probability"] == pytest.approx(b["probability"], abs=1e-4)
+    """Batched vs alone on the same server (bf16 results depend a little on the batch size)."""
+    assert_answers_match(served, alone, served_classifier_precision())
 
 
 def test_chelsea_is_a_cat_and_every_photo_gets_its_own_answer(solo_answers):
@@ -135,3 +137,30 @@ def test_batch_settings_come_from_config_properties(server):
 def test_replies_carry_the_batch_size_they_were_served_in(server):
     reply: Reply = post_image(url(server), photo_bytes("rocket.jpg"))
     assert reply.batch_size == 1
+
+
+def wait_for_log_line(path, predicate, timeout_s: float = 10.0) -> list[str]:
+    """The log's lines once one satisfies `predicate` (appenders write from a background thread)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+        if any(predicate(line) for line in lines) or time.monotonic() > deadline:
+            return lines
+
+
+def test_logs_are_written_once_at_info_through_the_project_log_config(server):
+    assert server.log_config is not None and server.log_config.name == "log4j2.xml"
+    reply = post_image(url(server), photo_bytes("coffee.png"))
+    assert reply.status == 200
+    model_log = wait_for_log_line(server.log_dir / "model_log.log",
+                                  lambda line: "batch {" in line and "efficientnet_lite0" in line)
+    assert any("batch {" in line for line in model_log)
+    access_log = wait_for_log_line(server.log_dir / "access_log.log",
+                                   lambda line: "/predictions/efficientnet_lite0" in line)
+    assert any("/predictions/efficientnet_lite0" in line for line in access_log)
+    ts_log = (server.log_dir / "ts_log.log").read_text(errors="replace").splitlines()
+    assert any("Inference API bind to" in line for line in ts_log)
+    assert not [line for line in ts_log if "[DEBUG]" in line]
+    # TorchServe's built-in configuration writes each line twice and copies worker output here.
+    assert len(ts_log) == len(set(ts_log))
+    assert not [line for line in ts_log if "MODEL_LOG" in line]

@@ -24,6 +24,13 @@ QUEUE_SIZE = 16
 BATCH_SIZE = 8
 
 
+@pytest.fixture(scope="module")
+def model_store(fast_start_model_store: Path) -> Path:
+    """Fault servers start and restart workers: archives
+    without torch.compile, so that workers start in seconds (see tests/conftest.py)."""
+    return fast_start_model_store
+
+
 def url(server: TorchServeInstance) -> str:
     return f"{server.inference_url}/predictions/{MODEL}"
 

@@ -29,6 +29,13 @@ SETTINGS = ServingSettings(batch_size=8, max_batch_delay_ms=20, min_workers=1, m
                            response_timeout_s=60)
 
 
+@pytest.fixture(scope="module")
+def model_store(fast_start_model_store: Path) -> Path:
+    """Rollouts start many workers: archives
+    without torch.compile, so that workers start in seconds (see tests/conftest.py)."""
+    return fast_start_model_store
+
+
 def describe_version(version: str, top_k: int, labels: str) -> dict:
     return {"name": MODEL, "version": version, "labels": labels,
             "model": {"source": "timm", "architecture": "efficientnet_lite0",

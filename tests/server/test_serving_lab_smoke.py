@@ -20,6 +20,13 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
+def model_store(fast_start_model_store: Path) -> Path:
+    """The sweep registers many settings: archives
+    without torch.compile, so that workers start in seconds (see tests/conftest.py)."""
+    return fast_start_model_store
+
+
+@pytest.fixture(scope="module")
 def lab_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
     yield from started_server(tmp_path_factory.mktemp("lab"), model_store,
                               load_models="efficientnet_lite0-1.0.mar")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
 from handlers.image_classifier import ImageClassifierHandler
 from scripts.local_handler import LocalContext
+from tests.answers import assert_same_answer
 from tests.archives import archive_context
 from tests.images import CAT_LABELS, photo_bytes, png_declaring_size
 
@@ -27,12 +26,6 @@ def solo(handler: ImageClassifierHandler, image: bytes) -> list[dict]:
     return answers[0]
 
 
-def assert_same_answer(batched: list[dict], alone: list[dict]) -> None:
-    assert [c["index"] for c in batched] == [c["index"] for c in alone]
-    for a, b in zip(batched, alone, strict=True):
-        assert a["probability"] == pytest.approx(b["probability"], abs=1e-4)
-
-
 def test_real_weights_see_a_cat_in_chelsea_and_espresso_in_coffee(classifier):
     assert solo(classifier, photo_bytes("chelsea.png"))[0]["label"] in CAT_LABELS
     assert solo(classifier, photo_bytes("coffee.png"))[0]["label"] == "espresso"
@@ -47,7 +40,7 @@ def test_a_batch_answers_each_image_as_if_it_were_alone(classifier):
     images = [photo_bytes(name) for name in PHOTOS]
     answers, context = run(classifier, [{"body": bytearray(image)} for image in images])
     for image, answer in zip(images, answers, strict=True):
-        assert_same_answer(answer, solo(classifier, image))
+        assert_same_answer(answer, solo(classifier, image), classifier.precision)
     assert all(context.status(i) == 200 for i in range(len(images)))
     assert {context.response_headers[i]["X-Batch-Size"] for i in range(len(images))} == {"5"}
 
@@ -66,8 +59,8 @@ def test_bad_requests_get_their_own_status_and_batch_mates_are_unaffected(classi
     assert answers[1]["type"] == "NotAnImage" and answers[1]["code"] == 400
     assert answers[2]["type"] == "InvalidBase64"
     assert answers[4]["type"] == "EmptyBody"
-    assert_same_answer(answers[0], solo(classifier, good[0]))
-    assert_same_answer(answers[3], solo(classifier, good[1]))
+    assert_same_answer(answers[0], solo(classifier, good[0]), classifier.precision)
+    assert_same_answer(answers[3], solo(classifier, good[1]), classifier.precision)
     assert all(context.content_types[i] == "application/json" for i in range(5))
 
 

@@ -1,0 +1,115 @@
+"""Reduced precision and torch.compile on the worker's device: which precision runs where, bf16
+answers against fp32 on real photos, and a compiled classifier that never compiles on a request."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from handlers import model_loading
+from handlers.image_classifier import ImageClassifierHandler
+from handlers.model_loading import autocast, effective_precision
+from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
+from tests.answers import assert_same_answer
+from tests.archives import archive_context, load_classifier_dir, stage_model_dir
+from tests.images import photo_bytes
+
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda:0")
+PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
+DEFAULT_CLASSIFIER = next(d for d in load_descriptions(DEFAULT_DESCRIPTIONS) if d.task == "classification")
+
+
+@pytest.mark.parametrize(("asked", "device", "native_bf16", "runs"), [
+    ("fp32", CPU, True, "fp32"),
+    ("bf16", CPU, True, "bf16"),
+    ("bf16", CPU, False, "fp32"),   # emulated bf16 is slower than fp32
+    ("fp16", CPU, True, "fp32"),    # no fp16 compute on the CPU
+    ("fp16", CUDA, False, "fp16"),
+    ("bf16", CUDA, False, "bf16"),
+    ("fp32", CUDA, False, "fp32"),
+])
+def test_effective_precision(asked, device, native_bf16, runs):
+    assert effective_precision(asked, device, native_bf16) == runs
+
+
+def test_bf16_autocast_on_the_cpu_computes_in_bf16_and_fp32_does_not():
+    layer = nn.Linear(8, 4)
+    inputs = torch.randn(2, 8)
+    with torch.inference_mode():
+        with autocast(CPU, "bf16"):
+            assert layer(inputs).dtype == torch.bfloat16
+        with autocast(CPU, "fp32"):
+            assert layer(inputs).dtype == torch.float32
+
+
+def classifier_variant(tmp_path: Path, batch_size: int, **handler_options: Any) -> ImageClassifierHandler:
+    """The default classifier's description with some handler options changed, loaded in-process."""
+    description = dataclasses.replace(
+        DEFAULT_CLASSIFIER, handler_options={**DEFAULT_CLASSIFIER.handler_options, **handler_options})
+    return load_classifier_dir(stage_model_dir(description, tmp_path), batch_size)
+
+
+@contextmanager
+def worker_threads() -> Iterator[None]:
+    """Run requests with the archive's `torch_threads`, as in its worker (a compiled model's
+    graphs are specialised on the thread count)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(DEFAULT_CLASSIFIER.handler_options.get("torch_threads", threads)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def answers(handler: ImageClassifierHandler, images: list[bytes]) -> list[list[dict]]:
+    context = archive_context(handler.model_dir, request_headers=[{} for _ in images])
+    with worker_threads():
+        bodies = handler.handle([{"body": bytearray(image)} for image in images], context)
+    assert all(context.status(index) == 200 for index in range(len(images)))
+    return [json.loads(body) for body in bodies]
+
+
+@pytest.fixture(scope="module")
+def eager_fp32(tmp_path_factory: pytest.TempPathFactory) -> ImageClassifierHandler:
+    return classifier_variant(tmp_path_factory.mktemp("eager"), 8, precision="fp32", compile=False)
+
+
+@pytest.fixture(scope="module")
+def photos() -> list[bytes]:
+    return [photo_bytes(name) for name in PHOTOS]
+
+
+def test_bf16_answers_match_fp32_on_real_photos(eager_fp32, photos, tmp_path, monkeypatch):
+    # Forced on, so the bf16 numerics are checked on any CPU (emulated where not native).
+    monkeypatch.setattr(model_loading, "cpu_has_native_bf16", lambda: True)
+    bf16 = classifier_variant(tmp_path, 8, precision="bf16", compile=False)
+    assert bf16.precision == "bf16"
+    reference = answers(eager_fp32, photos)
+    assert len({answer[0]["index"] for answer in reference}) == len(PHOTOS)  # photos differ
+    for got, expected in zip(answers(bf16, photos), reference, strict=True):
+        assert_same_answer(got, expected, "bf16")
+    for photo, alone in zip(photos, reference, strict=True):  # each batch size agrees too
+        assert_same_answer(answers(bf16, [photo])[0], alone, "bf16")
+
+
+def test_compiled_classifier_is_warmed_for_every_batch_size_and_matches_eager(
+        eager_fp32, photos, tmp_path):
+    from torch._dynamo.utils import counters
+
+    compiled = classifier_variant(tmp_path, 3)  # the default settings, at batch size 3
+    assert DEFAULT_CLASSIFIER.handler_options.get("compile")
+    graphs_after_warm_up = counters["stats"]["unique_graphs"]
+    reference = answers(eager_fp32, photos[:3])
+    for count in (1, 2, 3, 2, 1):
+        for got, expected in zip(answers(compiled, photos[:count]), reference[:count], strict=True):
+            assert_same_answer(got, expected, compiled.precision)
+    assert counters["stats"]["unique_graphs"] == graphs_after_warm_up  # no request compiled

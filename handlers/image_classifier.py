@@ -42,8 +42,7 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
         model = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
         if self.settings.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        model = compile_if_asked(model, self.settings.compile_mode, self.device,
-                                      self.max_batch_size)
+        model = compile_if_asked(model, self.settings.compile_mode, self.device, self.max_batch_size)
         self.model = model
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> torch.Tensor:

@@ -8,18 +8,21 @@ import pytest
 import torch
 
 from handlers.model_loading import cpu_has_native_bf16, effective_precision
-from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
+from scripts.build_archives import DEFAULT_DESCRIPTIONS, ModelDescription, load_descriptions
 
 FP32_TOLERANCE = 1e-4  # probability, absolute
 BF16_TOLERANCE = 0.03
 
 
+def default_classifier() -> ModelDescription:
+    """The classifier of config/models.yaml."""
+    return next(d for d in load_descriptions(DEFAULT_DESCRIPTIONS) if d.task == "classification")
+
+
 def served_classifier_precision() -> str:
     """The precision the default classifier's CPU workers run on this machine."""
-    description = next(d for d in load_descriptions(DEFAULT_DESCRIPTIONS)
-                       if d.task == "classification")
-    return effective_precision(str(description.handler_options.get("precision", "fp32")),
-                               torch.device("cpu"), cpu_has_native_bf16())
+    asked = str(default_classifier().handler_options.get("precision", "fp32"))
+    return effective_precision(asked, torch.device("cpu"), cpu_has_native_bf16())
 
 
 def assert_same_answer(got: list[dict], expected: list[dict], *precisions: str) -> None:

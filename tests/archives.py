@@ -7,16 +7,20 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.object_detector import ObjectDetectorHandler
+from handlers.serving import BatchedImageHandler
 from scripts.build_archives import ModelDescription, stage_files
 from scripts.local_handler import archive_context, extract_archive
 
 __all__ = ["archive_context", "extract_archive", "load_classifier", "load_classifier_dir",
            "load_detector", "stage_model_dir"]
+
+Handler = TypeVar("Handler", bound=BatchedImageHandler[Any, Any, Any])
 
 
 def load_classifier(mar_path: Path, work_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:
@@ -47,16 +51,17 @@ def stage_model_dir(description: ModelDescription, target: Path) -> Path:
     return model_dir
 
 
-def load_detector(model_dir: Path, batch_size: int = 4) -> ObjectDetectorHandler:
-    handler = ObjectDetectorHandler()
+def initialized(handler: Handler, model_dir: Path, batch_size: int) -> Handler:
+    """`handler` initialized from an extracted or staged model directory, as a worker would."""
     with process_threads_kept():
         handler.initialize(archive_context(model_dir, batch_size))
     return handler
+
+
+def load_detector(model_dir: Path, batch_size: int = 4) -> ObjectDetectorHandler:
+    return initialized(ObjectDetectorHandler(), model_dir, batch_size)
 
 
 def load_classifier_dir(model_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:
     """A classifier from a staged (not zipped) model directory; see `stage_model_dir`."""
-    handler = ImageClassifierHandler()
-    with process_threads_kept():
-        handler.initialize(archive_context(model_dir, batch_size))
-    return handler
+    return initialized(ImageClassifierHandler(), model_dir, batch_size)

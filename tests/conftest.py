@@ -25,7 +25,7 @@ def without_compile(description: ModelDescription) -> ModelDescription:
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every model of config/models.yaml as described, built into a fresh model store. The
-    classifier compiles its eight batch sizes when a worker starts (about 40 s per worker here)."""
+    classifier compiles its eight batch sizes when a worker starts (35-75 s per worker here)."""
     store = tmp_path_factory.mktemp("model_store")
     for description in load_descriptions(DEFAULT_DESCRIPTIONS):
         build_archive(description, store)

@@ -17,15 +17,14 @@ from torch import nn
 from handlers import model_loading
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.model_loading import autocast, effective_precision
-from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
-from tests.answers import assert_same_answer
+from tests.answers import assert_same_answer, default_classifier
 from tests.archives import archive_context, load_classifier_dir, stage_model_dir
 from tests.images import photo_bytes
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda:0")
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
-DEFAULT_CLASSIFIER = next(d for d in load_descriptions(DEFAULT_DESCRIPTIONS) if d.task == "classification")
+DEFAULT_CLASSIFIER = default_classifier()
 
 
 @pytest.mark.parametrize(("asked", "device", "native_bf16", "runs"), [

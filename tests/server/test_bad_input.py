@@ -18,6 +18,7 @@ from scripts.torchserve_process import TorchServeInstance, ping
 from tests.answers import assert_same_answer, served_classifier_precision
 from tests.images import CAT_LABELS, encode, exif_with_orientation, photo_bytes, png_declaring_size
 from tests.server.http_client import concurrently
+from tests.server.logs import log_lines, rejected_requests, wait_for_log
 
 pytestmark = pytest.mark.server
 CAT = Image.open(io.BytesIO(photo_bytes("chelsea.png"))).convert("RGB")
@@ -145,9 +146,14 @@ def test_handler_metrics_reach_prometheus(server):
 
 def test_request_payloads_never_reach_the_logs(server):
     marker = "PRIVATE-PAYLOAD-4c1d"
+    model_log = server.log_dir / "model_log.log"
+    rejected_before = rejected_requests(log_lines(model_log))
     post(server, marker.encode(), "image/jpeg")
     requests.post(url(server), timeout=30,
                   json={"data": base64.b64encode(marker.encode()).decode()})
+    # Logs are written by a background thread: wait until both rejections are in the worker log.
+    lines = wait_for_log(model_log, lambda lines: rejected_requests(lines) >= rejected_before + 2)
+    assert rejected_requests(lines) >= rejected_before + 2
     for log in server.log_dir.glob("*.log"):
         text = log.read_text(errors="replace")
         assert marker not in text and base64.b64encode(marker.encode()).decode() not in text, log

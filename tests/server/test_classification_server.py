@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import functools
-import time
+from collections.abc import Callable
 
 import pytest
 import requests
@@ -15,6 +15,7 @@ from tests.answers import assert_same_answer as assert_answers_match
 from tests.answers import served_classifier_precision
 from tests.images import CAT_LABELS, encode, photo_bytes, png_declaring_size, textured_rgb
 from tests.server.http_client import Reply, concurrently, post_image
+from tests.server.logs import log_lines, wait_for_log
 
 pytestmark = pytest.mark.server
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
@@ -139,26 +140,18 @@ def test_replies_carry_the_batch_size_they_were_served_in(server):
     assert reply.batch_size == 1
 
 
-def wait_for_log_line(path, predicate, timeout_s: float = 10.0) -> list[str]:
-    """The log's lines once one satisfies `predicate` (appenders write from a background thread)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-        if any(predicate(line) for line in lines) or time.monotonic() > deadline:
-            return lines
-
-
 def test_logs_are_written_once_at_info_through_the_project_log_config(server):
     assert server.log_config is not None and server.log_config.name == "log4j2.xml"
     reply = post_image(url(server), photo_bytes("coffee.png"))
     assert reply.status == 200
-    model_log = wait_for_log_line(server.log_dir / "model_log.log",
-                                  lambda line: "batch {" in line and "efficientnet_lite0" in line)
-    assert any("batch {" in line for line in model_log)
-    access_log = wait_for_log_line(server.log_dir / "access_log.log",
-                                   lambda line: "/predictions/efficientnet_lite0" in line)
+    def has(text: str) -> Callable[[list[str]], bool]:
+        return lambda lines: any(text in line for line in lines)
+
+    model_log = wait_for_log(server.log_dir / "model_log.log", has('"model": "efficientnet_lite0"'))
+    assert any("batch {" in line and "efficientnet_lite0" in line for line in model_log)
+    access_log = wait_for_log(server.log_dir / "access_log.log", has("/predictions/efficientnet_lite0"))
     assert any("/predictions/efficientnet_lite0" in line for line in access_log)
-    ts_log = (server.log_dir / "ts_log.log").read_text(errors="replace").splitlines()
+    ts_log = log_lines(server.log_dir / "ts_log.log")
     assert any("Inference API bind to" in line for line in ts_log)
     assert not [line for line in ts_log if "[DEBUG]" in line]
     # TorchServe's built-in configuration writes each line twice and copies worker output here.

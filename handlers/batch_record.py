@@ -21,6 +21,7 @@ class BatchRecord:
     rejected: Counter[str] = field(default_factory=Counter)   # error type -> count
     stage_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     oom_splits: int = 0
+    runner: str = "eager"   # "aot": the compiled package ran the batch
 
     @contextmanager
     def timing(self, stage: str) -> Iterator[None]:

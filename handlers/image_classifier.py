@@ -13,14 +13,9 @@ import torch
 from torch import nn
 
 from handlers.classification import ClassScore, top_k_classes
+from handlers.compiled_model import MachineTarget, Runner, compiled_or_eager
 from handlers.decode import decode_image_bytes
-from handlers.model_loading import (
-    autocast,
-    compile_if_asked,
-    load_labels,
-    load_model,
-    resolve_precision,
-)
+from handlers.model_loading import autocast, load_labels, load_model, resolve_precision
 from handlers.request_body import extract_image_bytes
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.settings import ClassifierSettings, parse_classifier_settings
@@ -29,7 +24,8 @@ from handlers.transforms import preprocess_classification_batch
 
 class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, torch.Tensor]):
     settings: ClassifierSettings
-    model: nn.Module
+    eager_model: nn.Module
+    model: Runner  # the compiled package when it may run here, else `eager_forward`
     labels: list[str]
     precision: str  # what runs here: settings.precision where this device supports it, else fp32
 
@@ -42,8 +38,11 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
         model = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
         if self.settings.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        model = compile_if_asked(model, self.settings.compile_mode, self.device, self.max_batch_size)
-        self.model = model
+        self.eager_model = model
+        timeout_s = self.settings.compile.load_timeout_s if self.settings.compile else 0.0
+        self.model, self.runner, self.compiled_refusal = compiled_or_eager(
+            self.settings.compiled_packages, self.model_dir,
+            MachineTarget.here(self.device, self.precision), self.eager_forward, timeout_s)
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> torch.Tensor:
         settings = self.settings
@@ -63,10 +62,12 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
             batch = batch.contiguous(memory_format=torch.channels_last)
         return batch
 
-    def infer(self, model_input: torch.Tensor) -> torch.Tensor:
+    def eager_forward(self, batch: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.precision):
-            logits = self.model(model_input)
-        return logits
+            return self.eager_model(batch)
+
+    def infer(self, model_input: torch.Tensor) -> torch.Tensor:
+        return self.model(model_input)
 
     def postprocess(self, model_output: torch.Tensor, model_input: torch.Tensor,
                     items: Sequence[torch.Tensor]) -> list[list[ClassScore]]:
@@ -74,8 +75,8 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
 
     def warm_up(self, batch_size: int) -> None:
         size = self.settings.input_size
-        # A compiled model specialises on shapes: warm every batch size requests can form.
-        sizes = range(1, batch_size + 1) if self.settings.compile_mode else sorted({1, batch_size})
+        # The compiled package has one dynamic batch dimension: the two ends warm it too.
+        sizes = sorted({1, batch_size})
         memory_format = torch.channels_last if self.settings.channels_last else torch.contiguous_format
         with torch.inference_mode():
             for count in sizes:

@@ -111,30 +111,6 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
-def compile_if_asked(model: nn.Module, compile_mode: str | None, device: torch.device,
-                     max_batch_size: int) -> nn.Module:
-    """`torch.compile` the model when a mode is set, with static shapes: one graph per batch size
-    (the handler's warm-up compiles each of 1..max_batch_size, so no request compiles). Measured on
-    EfficientNet-Lite0 (bf16, 1 thread): static batch 8 34 ms vs 38 ms with a dynamic batch
-    dimension, and 7 s vs 35 s of compile per graph.
-
-    On the CPU, Inductor's freezing is turned on: the weights become constants, so batch norms
-    fold into the convolutions and oneDNN gets pre-packed weights (batch 8, one thread: 144 ->
-    99 ms fp32, 33 ms bf16; without freezing compile gained nothing). Serving never changes the
-    weights."""
-    if compile_mode is None:
-        return model
-    import torch._dynamo.config as dynamo_config
-
-    # Dynamo keeps at most `recompile_limit` graphs per function and runs eagerly past it.
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, max_batch_size)
-    if device.type == "cpu":
-        import torch._inductor.config as inductor_config
-
-        inductor_config.freezing = True
-    return torch.compile(model, mode=compile_mode, dynamic=False)  # type: ignore[return-value]
-
-
 def load_labels(path: Path) -> list[str]:
     """Class names from a JSON list (index = class index) or a text file with one name per line."""
     text = path.read_text(encoding="utf-8")

@@ -36,13 +36,7 @@ from handlers.detection import (
 )
 from handlers.detection_options import OPTION_FIELDS, parse_detection_options
 from handlers.letterbox import Letterbox, boxes_to_original, letterbox_batch
-from handlers.model_loading import (
-    autocast,
-    compile_if_asked,
-    load_labels,
-    load_model,
-    resolve_precision,
-)
+from handlers.model_loading import autocast, load_labels, load_model, resolve_precision
 from handlers.request_body import extract_image_bytes
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.settings import DetectorSettings, parse_detector_settings
@@ -62,9 +56,7 @@ class ObjectDetectorHandler(BatchedImageHandler[DetectionRequest, DetectorInput,
             raise ValueError("the archive has no serialized model file (--serialized-file)")
         self.labels = load_labels(self.model_dir / self.settings.labels_file)
         self.precision = resolve_precision(self.settings.precision, self.device)
-        model = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
-        self.model = compile_if_asked(model, self.settings.compile_mode, self.device,
-                                      self.max_batch_size)
+        self.model = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> DetectionRequest:
         options = parse_detection_options(row, header, self.settings.defaults, self.labels,
@@ -101,12 +93,8 @@ class ObjectDetectorHandler(BatchedImageHandler[DetectionRequest, DetectorInput,
     def warm_up(self, batch_size: int) -> None:
         image = torch.zeros(3, *WARM_UP_SIZE_HW, dtype=torch.uint8, device=self.device)
         defaults = self.settings.defaults
-        # A compiled model specialises on shapes: warm every batch size requests can form. (Only
-        # the letterboxed YOLO input has one image size; torchvision detectors see each image's
-        # own size, so compiling them recompiles per size and is not recommended.)
-        sizes = range(1, batch_size + 1) if self.settings.compile_mode else sorted({1, batch_size})
         with torch.inference_mode():
-            for count in sizes:
+            for count in sorted({1, batch_size}):
                 self.infer(self.preprocess([DetectionRequest(image, defaults)] * count))
 
     def _torchvision_answer(self, found: Mapping[str, torch.Tensor],

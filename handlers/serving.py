@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+import psutil
 import torch
 
 from handlers.batch_record import STAGES, BatchRecord
 from handlers.batching import decode_each, merge_outcomes
+from handlers.compiled_model import CompiledModelRefused, RunnerKind
 from handlers.errors import ClientError
 from handlers.model_loading import resolve_device
 from handlers.settings import parse_log_batches, parse_torch_threads
@@ -47,6 +49,8 @@ def emit_batch_metrics(metrics: Any, record: BatchRecord) -> None:
     from ts.metrics.metric_type_enum import MetricTypes  # the glue's only TorchServe import
 
     metrics.add_metric("HandlerBatchSize", record.size, "count", metric_type=MetricTypes.GAUGE)
+    metrics.add_metric("HandlerCompiledModel", int(record.runner == "aot"), "count",
+                       metric_type=MetricTypes.GAUGE)
     metrics.add_counter("HandlerBatches", 1)
     metrics.add_counter("HandlerRequests", record.size)
     for stage in STAGES:
@@ -58,12 +62,25 @@ def emit_batch_metrics(metrics: Any, record: BatchRecord) -> None:
         metrics.add_counter("HandlerOutOfMemorySplits", record.oom_splits)
 
 
+def emit_compiled_model_refusal(metrics: Any, refusal: CompiledModelRefused) -> None:
+    """Count a worker that serves eagerly because its compiled package was refused."""
+    if metrics is not None:
+        metrics.add_counter("HandlerCompiledModelRefusals", 1,
+                            dimensions=[MetricDimension("Reason", refusal.kind)])
+
+
 @dataclass(frozen=True)
 class MetricDimension:
     """A metric dimension, shaped like `ts.metrics.dimension.Dimension` (name, value)."""
 
     name: str
     value: str
+
+
+def worker_process_age_ms() -> float:
+    """Milliseconds since this process started: a worker's start-up time when it is ready
+    (Python and torch imports, model load, warm-up)."""
+    return (time.time() - psutil.Process().create_time()) * 1000
 
 
 class TorchServeContext(Protocol):
@@ -95,6 +112,8 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
         self.model_version = "0"
         self.max_batch_size = 1
         self.log_batches = True
+        self.runner: RunnerKind = "eager"        # "aot" once `load` accepts a compiled package
+        self.compiled_refusal: CompiledModelRefused | None = None  # why a package was refused
 
     # --- TorchServe entry points -------------------------------------------------------
     def initialize(self, context: TorchServeContext) -> None:
@@ -112,19 +131,25 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
         threads = parse_torch_threads(handler_settings)
         if threads is not None:
             torch.set_num_threads(threads)
+        load_started = time.perf_counter()
         self.load(handler_settings, model_manifest.get("serializedFile"))
-        started = time.perf_counter()
+        warm_up_started = time.perf_counter()
         self.warm_up(self.max_batch_size)
+        ready = time.perf_counter()
         logger.info(
-            "loaded model=%s version=%s device=%s max_batch_size=%d warm_up_ms=%.0f",
-            self.model_name, self.model_version, self.device, self.max_batch_size,
-            (time.perf_counter() - started) * 1000,
+            "worker ready model=%s version=%s device=%s runner=%s max_batch_size=%d load_ms=%.0f "
+            "warm_up_ms=%.0f startup_ms=%.0f",
+            self.model_name, self.model_version, self.device, self.runner, self.max_batch_size,
+            (warm_up_started - load_started) * 1000, (ready - warm_up_started) * 1000,
+            worker_process_age_ms(),
         )
+        if self.compiled_refusal is not None:
+            emit_compiled_model_refusal(getattr(context, "metrics", None), self.compiled_refusal)
         self.initialized = True
 
     def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> list[bytes]:
         """One JSON body per request, in order; statuses set per request on `context`."""
-        record = BatchRecord(self.model_name, self.model_version, size=len(data))
+        record = BatchRecord(self.model_name, self.model_version, size=len(data), runner=self.runner)
         with record.timing("decode"):
             decoded = decode_each(
                 len(data),

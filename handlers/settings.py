@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlers.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
 from handlers.detection import DetectionOptions
 
 MODEL_SOURCES = ("timm", "torchvision", "torchscript", "export")
 DETECTION_OUTPUTS = ("torchvision", "yolo")
 PRECISIONS = ("fp32", "fp16", "bf16")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+DEFAULT_COMPILED_LOAD_TIMEOUT_S = 30.0
 # TorchServe's own default max_request_size; keep the two consistent.
 DEFAULT_MAX_BODY_BYTES = 6_553_500
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -50,6 +51,15 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
+class CompileSettings:
+    """`compile:` ahead of time: `scripts/build_archives.py` builds AOTInductor packages into the
+    archive; a worker loads one (never compiles) or serves eagerly. See handlers.compiled_model."""
+
+    cpu_target: str = "avx2"                        # a key of compiled_model.CPU_TARGETS
+    load_timeout_s: float = DEFAULT_COMPILED_LOAD_TIMEOUT_S
+
+
+@dataclass(frozen=True)
 class ClassifierSettings:
     model: ModelSource
     labels_file: str
@@ -60,9 +70,10 @@ class ClassifierSettings:
     top_k: int
     precision: str
     channels_last: bool
-    compile_mode: str | None
+    compile: CompileSettings | None
     limits: ImageLimits
     jpeg_draft: bool = True
+    compiled_packages: tuple[CompiledPackage, ...] = ()
 
 
 def _require(section: Mapping[str, Any], key: str, where: str) -> Any:
@@ -135,12 +146,37 @@ def parse_torch_threads(handler_section: Mapping[str, Any]) -> int | None:
     return None if value is None else _positive_int(value, "torch_threads")
 
 
-def parse_compile_mode(value: Any) -> str | None:
+def parse_compile(value: Any) -> CompileSettings | None:
+    """`compile`: false / absent (eager), true (the defaults), or a mapping of CompileSettings."""
     if value in (None, False):
         return None
     if value is True:
-        return "default"
-    return _choice(value, "compile", COMPILE_MODES)
+        return CompileSettings()
+    if not isinstance(value, Mapping):
+        raise SettingsError(f"'compile' must be true, false or a mapping with 'cpu_target' "
+                            f"({', '.join(CPU_TARGETS)}) and 'load_timeout_s'; got {value!r} "
+                            "(a worker never runs torch.compile: packages are built ahead of time)")
+    unknown = set(value) - {"cpu_target", "load_timeout_s"}
+    if unknown:
+        raise SettingsError(f"unknown 'compile' settings: {sorted(unknown)}")
+    timeout = value.get("load_timeout_s", DEFAULT_COMPILED_LOAD_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise SettingsError(f"'compile.load_timeout_s' must be a positive number, got {timeout!r}")
+    return CompileSettings(
+        cpu_target=_choice(value.get("cpu_target", "avx2"), "compile.cpu_target", tuple(CPU_TARGETS)),
+        load_timeout_s=float(timeout),
+    )
+
+
+def parse_compiled_packages(value: Any) -> tuple[CompiledPackage, ...]:
+    """`compiled_packages` (written by the archive builder): [{file, target: {...}}, ...]."""
+    if value is None:
+        return ()
+    try:
+        return tuple(CompiledPackage(str(entry["file"]), CompileTarget.from_dict(entry["target"]))
+                     for entry in value)
+    except (KeyError, TypeError, ValueError) as error:
+        raise SettingsError(f"'compiled_packages' is malformed: {error!r}") from None
 
 
 def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> ClassifierSettings:
@@ -164,9 +200,10 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         top_k=_positive_int(handler_section.get("top_k", 5), "top_k"),
         precision=_choice(handler_section.get("precision", "fp32"), "precision", PRECISIONS),
         channels_last=bool(handler_section.get("channels_last", False)),
-        compile_mode=parse_compile_mode(handler_section.get("compile")),
+        compile=parse_compile(handler_section.get("compile")),
         limits=parse_limits(handler_section.get("limits", {})),
         jpeg_draft=bool(handler_section.get("jpeg_draft", True)),
+        compiled_packages=parse_compiled_packages(handler_section.get("compiled_packages")),
     )
 
 
@@ -180,7 +217,6 @@ class DetectorSettings:
     defaults: DetectionOptions
     max_detections_cap: int
     precision: str
-    compile_mode: str | None
     limits: ImageLimits
 
 
@@ -215,6 +251,9 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
     """Parse and validate the `handler:` section of a detection archive's YAML."""
     if not handler_section:
         raise SettingsError("the archive's YAML has no 'handler:' section")
+    if handler_section.get("compile"):
+        raise SettingsError("'compile' applies to classification archives only: torchvision "
+                            "detectors take lists of differently sized images")
     detection = handler_section.get("detection", {})
     defaults, cap = parse_detection_defaults(detection)
     fill = detection.get("letterbox_fill", 114)
@@ -230,6 +269,5 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
         defaults=defaults,
         max_detections_cap=cap,
         precision=_choice(handler_section.get("precision", "fp32"), "precision", PRECISIONS),
-        compile_mode=parse_compile_mode(handler_section.get("compile")),
         limits=parse_limits(handler_section.get("limits", {})),
     )

@@ -31,13 +31,16 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from handlers.model_loading import create_architecture, load_state_dict_model  # noqa: E402
+from handlers.compiled_model import CompiledPackage  # noqa: E402
+from handlers.model_loading import create_architecture, load_model, load_state_dict_model  # noqa: E402
 from handlers.settings import (  # noqa: E402
     ModelSource,
     SettingsError,
     parse_classifier_settings,
+    parse_compile,
     parse_detector_settings,
 )
+from scripts.compile_ahead import CompileRequest, compile_packages  # noqa: E402
 from scripts.fixed_seed_weights import fixed_seed_model  # noqa: E402
 from scripts.pretrained_weights import WeightsError, packaged_state_dict  # noqa: E402
 from scripts.rollout import ServingSettings  # noqa: E402
@@ -229,13 +232,53 @@ def check_architecture(description: ModelDescription) -> None:
                          f"{description.architecture!r}")
 
 
+# --- ahead-of-time compilation ---------------------------------------------------------------------
+def compile_request(description: ModelDescription) -> CompileRequest | None:
+    """What `compile:` asks the builder to build (None: an eager archive)."""
+    try:
+        settings = parse_compile(description.handler_options.get("compile"))
+    except SettingsError as error:
+        raise BuildError(f"{description.name}: {error}") from None
+    if settings is None:
+        return None
+    if description.task != "classification":
+        raise BuildError(f"{description.name}: 'compile' applies to classification archives only")
+    if description.source == "torchscript":
+        raise BuildError(f"{description.name}: a TorchScript model cannot be compiled ahead of time; "
+                         "export it with torch.export (source: export) instead")
+    parsed = parse_classifier_settings({**description.handler_options,
+                                        "model": {"source": description.source,
+                                                  "architecture": description.architecture}})
+    size = parsed.input_size
+    return CompileRequest(parsed.precision, settings.cpu_target, description.serving.batch_size,
+                          (3, size, size), parsed.channels_last)
+
+
+def compiled_packages(description: ModelDescription, num_classes: int | None, weights: Path,
+                      directory: Path) -> list[CompiledPackage]:
+    """Build the description's compiled packages into `directory` ([] when it asks for none)."""
+    request = compile_request(description)
+    if request is None:
+        return []
+    model = load_model(model_source(description, num_classes), weights, torch.device("cpu"))
+    try:
+        return compile_packages(model, request, directory)
+    except Exception as error:  # noqa: BLE001 - export and Inductor raise many kinds
+        raise BuildError(f"{description.name}: ahead-of-time compilation failed: "
+                         f"{type(error).__name__}: {error}") from None
+
+
 # --- the archive --------------------------------------------------------------------------------
-def handler_section(description: ModelDescription, num_classes: int | None) -> dict[str, Any]:
+def handler_section(description: ModelDescription, num_classes: int | None,
+                    packages: Sequence[CompiledPackage] = ()) -> dict[str, Any]:
     """The archive YAML's `handler:` section, validated with the handler's own parser."""
     section = dict(description.handler_options)
     section["model"] = {"source": description.source, "architecture": description.architecture,
                         "num_classes": num_classes, "kwargs": dict(description.builder_kwargs)}
     section["labels_file"] = "labels.json"
+    if packages:
+        section["compiled_packages"] = [{"file": package.file, "target": package.target.to_dict()}
+                                        for package in packages]
     try:
         SETTINGS_PARSERS[description.task](section)
     except SettingsError as error:
@@ -262,9 +305,19 @@ def stage_files(description: ModelDescription, staging: Path) -> Path:
     shutil.copytree(HANDLER_PACKAGE, extra / "handlers",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (extra / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
-    model_yaml = {"handler": handler_section(description, num_classes)}
+    packages = compiled_packages(description, num_classes, weights, extra / "compiled")
+    model_yaml = {**frontend_settings(description.serving),
+                  "handler": handler_section(description, num_classes, packages)}
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
     return weights
+
+
+def frontend_settings(serving: ServingSettings) -> dict[str, Any]:
+    """Top-level keys of the archive's YAML that TorchServe's frontend reads. It takes the
+    timeouts from the archive whenever the archive has a YAML (120 s when the YAML omits them),
+    whatever config.properties says; workers and batch settings stay with the register call and
+    `models=`, which scale and rollouts change."""
+    return {"startupTimeout": serving.startup_timeout_s, "responseTimeout": serving.response_timeout_s}
 
 
 def run_archiver(description: ModelDescription, staging: Path, weights: Path, store: Path) -> Path:

@@ -40,11 +40,13 @@ class ServingSettings:
     min_workers: int = 1
     max_workers: int = 1
     response_timeout_s: int = 60
+    startup_timeout_s: int = 120    # TorchServe kills a worker that takes longer to load
 
     @classmethod
     def of_version(cls, description: dict[str, Any]) -> ServingSettings:
         return cls(description["batchSize"], description["maxBatchDelay"], description["minWorkers"],
-                   description["maxWorkers"], description["responseTimeout"])
+                   description["maxWorkers"], description["responseTimeout"],
+                   description.get("startupTimeout", cls.startup_timeout_s))
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,6 @@ from scripts.torchserve_config import read_properties  # noqa: E402
 
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
-# torch.compile's cache (Inductor's compiled kernels), shared by every instance started from this
-# checkout: each instance has its own TMPDIR, where Inductor would otherwise keep a cache of its own
-# and every start would compile from scratch.
-DEFAULT_COMPILE_CACHE = REPO_ROOT / ".cache" / "torchinductor"
 # Frontend logging at INFO, each line once, written off the request path (see the file).
 DEFAULT_LOG_CONFIG = REPO_ROOT / "config" / "log4j2.xml"
 
@@ -66,7 +62,6 @@ class TorchServeInstance:
         env["TMPDIR"] = str(self.tmp_dir)
         env["LOG_LOCATION"] = str(self.log_dir)
         env["METRICS_LOCATION"] = str(self.log_dir)
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(DEFAULT_COMPILE_CACHE))
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         return env

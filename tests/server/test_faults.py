@@ -29,9 +29,9 @@ def url(server: TorchServeInstance) -> str:
 
 
 @pytest.fixture(scope="module")
-def fault_server(fast_start_model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+def fault_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
     """The classifier alone, with a short job queue so that overload is shed quickly."""
-    yield from started_server(tmp_path_factory.mktemp("faults"), fast_start_model_store,
+    yield from started_server(tmp_path_factory.mktemp("faults"), model_store,
                               load_models="efficientnet_lite0-1.0.mar", job_queue_size=str(QUEUE_SIZE))
 
 
@@ -106,8 +106,8 @@ def send_burst(server: TorchServeInstance, count: int) -> tuple[list[int], threa
 
 
 @pytest.fixture
-def own_server(fast_start_model_store: Path, tmp_path) -> Iterator[TorchServeInstance]:
-    yield from started_server(tmp_path / "run", fast_start_model_store,
+def own_server(model_store: Path, tmp_path) -> Iterator[TorchServeInstance]:
+    yield from started_server(tmp_path / "run", model_store,
                               load_models="efficientnet_lite0-1.0.mar")
 
 

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def production_server(fast_start_model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
-    yield from started_server(tmp_path_factory.mktemp("production"), fast_start_model_store,
+def production_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    yield from started_server(tmp_path_factory.mktemp("production"), model_store,
                               base_config=PRODUCTION_CONFIG,
                               load_models="efficientnet_lite0-1.0.mar")
 

@@ -37,25 +37,25 @@ def describe_version(version: str, top_k: int, labels: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def archives(fast_start_model_store: Path, tmp_path_factory) -> dict[str, str]:
+def archives(model_store: Path, tmp_path_factory) -> dict[str, str]:
     """v2 (top-3 answers) and a version with scrambled labels, next to v1 in the model store."""
     scrambled = tmp_path_factory.mktemp("labels") / "scrambled.json"
     scrambled.write_text(json.dumps(list(reversed(resolve_labels("imagenet")))))
     built = {"v2": build_archive(parse_description(describe_version("2.0", 3, "imagenet")),
-                                 fast_start_model_store),
+                                 model_store),
              "bad": build_archive(parse_description(describe_version("3.0", 5, str(scrambled))),
-                                  fast_start_model_store)}
+                                  model_store)}
     return {name: path.name for name, path in built.items()}
 
 
 @pytest.fixture(scope="module")
-def rollout_server(fast_start_model_store: Path, archives, tmp_path_factory) -> Iterator[TorchServeInstance]:
-    yield from started_server(tmp_path_factory.mktemp("rollouts"), fast_start_model_store,
+def rollout_server(model_store: Path, archives, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    yield from started_server(tmp_path_factory.mktemp("rollouts"), model_store,
                               load_models="efficientnet_lite0-1.0.mar")
 
 
 @pytest.fixture
-def client(rollout_server: TorchServeInstance, fast_start_model_store: Path) -> TorchServeClient:
+def client(rollout_server: TorchServeInstance, model_store: Path) -> TorchServeClient:
     """A client for a server where v1 is the only version of the model, and the default."""
     client = TorchServeClient(rollout_server.management_url, rollout_server.inference_url)
     versions = {v["modelVersion"] for v in versions_of(client, MODEL)}
@@ -78,7 +78,7 @@ def plan(archive: str, **overrides) -> RolloutPlan:
                        **overrides)
 
 
-def test_rollout_under_load_fails_no_request_and_switches_to_v2(client, archives, fast_start_model_store):
+def test_rollout_under_load_fails_no_request_and_switches_to_v2(client, archives, model_store):
     events: dict[str, float] = {}
 
     def log(message: str) -> None:
@@ -87,7 +87,7 @@ def test_rollout_under_load_fails_no_request_and_switches_to_v2(client, archives
 
     with load_on_server(client) as load:
         load.wait_for(20)
-        entry = rollout(client, plan(archives["v2"]), fast_start_model_store, log)
+        entry = rollout(client, plan(archives["v2"]), model_store, log)
         load.wait_for(40)
     assert load.failures() == []
     lengths_before = {len(o.body) for o in load.outcomes if o.received_at < events["default"]}
@@ -105,10 +105,10 @@ def load_on_server(client: TorchServeClient) -> ContinuousLoad:
 
 
 def test_a_failed_smoke_test_leaves_v1_serving_and_removes_the_new_version(
-        client, archives, fast_start_model_store, rollout_server, tmp_path, capsys):
+        client, archives, model_store, rollout_server, tmp_path, capsys):
     with load_on_server(client) as load:
         load.wait_for(10)
-        code = cli(rollout_server, fast_start_model_store, tmp_path / "history.json", "rollout", MODEL,
+        code = cli(rollout_server, model_store, tmp_path / "history.json", "rollout", MODEL,
                    archives["bad"], *[arg for label in sorted(CAT_LABELS)
                                       for arg in ("--expect-label", label)])
         load.wait_for(20)
@@ -122,22 +122,22 @@ def test_a_failed_smoke_test_leaves_v1_serving_and_removes_the_new_version(
 
 
 def test_a_rollout_to_a_registered_version_is_refused_without_changes(client, archives,
-                                                                        fast_start_model_store):
+                                                                        model_store):
     with pytest.raises(RolloutError, match="already registered"):
-        rollout(client, plan("efficientnet_lite0-1.0.mar"), fast_start_model_store, print)
+        rollout(client, plan("efficientnet_lite0-1.0.mar"), model_store, print)
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
 
 
-def test_scaling_up_and_down_under_load_fails_no_request(client, rollout_server, fast_start_model_store,
+def test_scaling_up_and_down_under_load_fails_no_request(client, rollout_server, model_store,
                                                          tmp_path):
     history = tmp_path / "history.json"
     with load_on_server(client) as load:
         load.wait_for(10)
-        assert cli(rollout_server, fast_start_model_store, history, "scale", MODEL,
+        assert cli(rollout_server, model_store, history, "scale", MODEL,
                    "--min", "2", "--max", "2") == 0
         workers_up = len(client.describe(MODEL, "1.0")[0]["workers"])
         load.wait_for(20)
-        assert cli(rollout_server, fast_start_model_store, history, "scale", MODEL, "--workers", "1") == 0
+        assert cli(rollout_server, model_store, history, "scale", MODEL, "--workers", "1") == 0
         load.wait_for(20)
     assert workers_up == 2
     assert load.failures() == []
@@ -145,13 +145,13 @@ def test_scaling_up_and_down_under_load_fails_no_request(client, rollout_server,
     assert len(scaled_down["workers"]) == 1 and scaled_down["minWorkers"] == 1
 
 
-def test_rollback_under_load_fails_no_request(client, archives, rollout_server, fast_start_model_store,
+def test_rollback_under_load_fails_no_request(client, archives, rollout_server, model_store,
                                               tmp_path):
     history = tmp_path / "history.json"
-    assert cli(rollout_server, fast_start_model_store, history, "rollout", MODEL, archives["v2"]) == 0
+    assert cli(rollout_server, model_store, history, "rollout", MODEL, archives["v2"]) == 0
     with load_on_server(client) as load:
         load.wait_for(10)
-        assert cli(rollout_server, fast_start_model_store, history, "rollback", MODEL) == 0
+        assert cli(rollout_server, model_store, history, "rollback", MODEL) == 0
         rolled_back_at = time.monotonic()
         load.wait_for(20)
     assert load.failures() == []
@@ -160,10 +160,10 @@ def test_rollback_under_load_fails_no_request(client, archives, rollout_server, 
 
 
 def test_new_batch_settings_roll_out_as_a_new_version_under_load(client, rollout_server,
-                                                                 fast_start_model_store, tmp_path):
+                                                                 model_store, tmp_path):
     with load_on_server(client) as load:
         load.wait_for(10)
-        assert cli(rollout_server, fast_start_model_store, tmp_path / "h.json", "rollout", MODEL,
+        assert cli(rollout_server, model_store, tmp_path / "h.json", "rollout", MODEL,
                    "--same-archive", "--batch-size", "4", "--max-batch-delay", "5") == 0
         load.wait_for(20)
     assert load.failures() == []
@@ -173,8 +173,8 @@ def test_new_batch_settings_roll_out_as_a_new_version_under_load(client, rollout
 
 
 def test_dry_run_prints_the_calls_and_changes_nothing(client, archives, rollout_server,
-                                                      fast_start_model_store, tmp_path, capsys):
-    assert cli(rollout_server, fast_start_model_store, tmp_path / "h.json", "rollout", MODEL, archives["v2"],
+                                                      model_store, tmp_path, capsys):
+    assert cli(rollout_server, model_store, tmp_path / "h.json", "rollout", MODEL, archives["v2"],
                "--dry-run") == 0
     printed = capsys.readouterr().out
     assert f"[dry-run] POST {rollout_server.management_url}/models?url={archives['v2']}" in printed
@@ -182,10 +182,10 @@ def test_dry_run_prints_the_calls_and_changes_nothing(client, archives, rollout_
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
 
 
-def test_list_and_describe_as_json_and_text(rollout_server, client, fast_start_model_store, tmp_path, capsys):
-    assert cli(rollout_server, fast_start_model_store, tmp_path / "h.json", "describe", MODEL, "--json") == 0
+def test_list_and_describe_as_json_and_text(rollout_server, client, model_store, tmp_path, capsys):
+    assert cli(rollout_server, model_store, tmp_path / "h.json", "describe", MODEL, "--json") == 0
     described = json.loads(capsys.readouterr().out)
     assert described[0]["modelVersion"] == "1.0" and "jobQueueStatus" in described[0]
-    assert cli(rollout_server, fast_start_model_store, tmp_path / "h.json", "list") == 0
+    assert cli(rollout_server, model_store, tmp_path / "h.json", "list") == 0
     text = capsys.readouterr().out
     assert f"{MODEL} 1.0" in text and "worker" in text and "queue:" in text

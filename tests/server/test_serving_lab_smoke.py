@@ -20,8 +20,8 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def lab_server(fast_start_model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
-    yield from started_server(tmp_path_factory.mktemp("lab"), fast_start_model_store,
+def lab_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    yield from started_server(tmp_path_factory.mktemp("lab"), model_store,
                               load_models="efficientnet_lite0-1.0.mar")
 
 
@@ -35,12 +35,12 @@ def test_load_generator_closed_and_open_loop(lab_server, capsys):
     assert 0 < opened["latency_ms"]["p50"] <= opened["latency_ms"]["p99"] <= opened["latency_ms"]["max"]
 
 
-def test_sweep_measures_each_setting_and_restores_the_original(lab_server, fast_start_model_store,
+def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model_store,
                                                                tmp_path, capsys):
     out = tmp_path / "sweep"
     code = sweep.main(["--batch-sizes", "1", "4", "--delays", "5", "--clients", "1", "4",
                        "--duration", "1.5", "--sla-ms", "5000", "--out", str(out),
-                       "--model-store", str(fast_start_model_store),
+                       "--model-store", str(model_store),
                        "--management-url", lab_server.management_url,
                        "--inference-url", lab_server.inference_url])
     assert code == 0

@@ -21,8 +21,8 @@ MODEL = "efficientnet_lite0"
 
 
 @pytest.fixture(scope="module")
-def secured_server(fast_start_model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
-    yield from started_server(tmp_path_factory.mktemp("secured"), fast_start_model_store,
+def secured_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    yield from started_server(tmp_path_factory.mktemp("secured"), model_store,
                               load_models="efficientnet_lite0-1.0.mar",
                               disable_token_authorization="false")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import zipfile
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+import yaml
 from torch import nn
 
 from handlers.decode import decode_image_bytes
@@ -175,10 +177,47 @@ def archive_digest(mar: Path) -> dict[str, str]:
 
 
 def test_rebuilding_is_idempotent(model_store, tmp_path):
-    description = load_descriptions(DEFAULT_DESCRIPTIONS)[0]
-    rebuilt = build_archive(description, tmp_path)
-    assert archive_digest(rebuilt) == archive_digest(model_store / description.archive_name)
-    assert archive_digest(build_archive(description, tmp_path)) == archive_digest(rebuilt)
+    """Byte for byte, apart from the compiled packages (Inductor's output is not reproducible
+    byte for byte, and each package is checked against the eager model when a worker loads it)."""
+    described = load_descriptions(DEFAULT_DESCRIPTIONS)[0]
+    eager = dataclasses.replace(described, handler_options={**described.handler_options, "compile": False})
+    rebuilt = archive_digest(build_archive(eager, tmp_path))
+    assert archive_digest(build_archive(eager, tmp_path)) == rebuilt
+    served = archive_digest(model_store / described.archive_name)
+    assert {name: digest for name, digest in served.items()
+            if not name.startswith("compiled/") and name != "model-config.yaml"} == {
+        name: digest for name, digest in rebuilt.items() if name != "model-config.yaml"}
+
+
+def test_the_default_classifier_archive_holds_compiled_packages_and_the_timeouts(model_store):
+    with zipfile.ZipFile(model_store / "efficientnet_lite0-1.0.mar") as archive:
+        model_yaml = yaml.safe_load(archive.read("model-config.yaml"))
+        names = set(archive.namelist())
+    serving = load_descriptions(DEFAULT_DESCRIPTIONS)[0].serving
+    assert model_yaml["startupTimeout"] == serving.startup_timeout_s
+    assert model_yaml["responseTimeout"] == serving.response_timeout_s
+    packages = model_yaml["handler"]["compiled_packages"]
+    assert [package["target"]["precision"] for package in packages] == ["fp32", "bf16"]
+    for package in packages:
+        assert package["file"] in names
+        assert package["target"]["cpu_capability"] == "AVX2"   # the portable target, not this CPU's
+        assert package["target"]["max_batch_size"] == serving.batch_size
+        assert package["target"]["torch_version"] == str(torch.__version__)
+
+
+def test_compile_is_refused_where_it_cannot_apply(tmp_path):
+    detector = parse_description({"name": "d", "task": "detection", "labels": "coco",
+                                  "model": {"source": "torchvision", "weights": "fixed-seed:0",
+                                            "architecture": "ssdlite320_mobilenet_v3_large"},
+                                  "handler": {"compile": True}})
+    with pytest.raises(BuildError, match="classification archives only"):
+        build_archive(detector, tmp_path)
+    old_style = parse_description({"name": "c", "labels": "imagenet",
+                                   "model": {"source": "timm", "weights": "package:efficientnet_lite0",
+                                             "architecture": "efficientnet_lite0"},
+                                   "handler": {"compile": "max-autotune"}})
+    with pytest.raises(BuildError, match=r"never runs torch\.compile"):
+        build_archive(old_style, tmp_path)
 
 
 def test_the_default_archive_holds_the_handlers_package_and_real_weights(model_store):

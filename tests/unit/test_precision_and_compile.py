@@ -100,15 +100,32 @@ def test_bf16_answers_match_fp32_on_real_photos(eager_fp32, photos, tmp_path, mo
         assert_same_answer(answers(bf16, [photo])[0], alone, "bf16")
 
 
-def test_compiled_classifier_is_warmed_for_every_batch_size_and_matches_eager(
-        eager_fp32, photos, tmp_path):
+def test_the_compiled_classifier_runs_its_package_at_every_batch_size_and_matches_eager(
+        classifier, eager_fp32, photos):
     from torch._dynamo.utils import counters
 
-    compiled = classifier_variant(tmp_path, 3)  # the default settings, at batch size 3
     assert DEFAULT_CLASSIFIER.handler_options.get("compile")
-    graphs_after_warm_up = counters["stats"]["unique_graphs"]
-    reference = answers(eager_fp32, photos[:3])
-    for count in (1, 2, 3, 2, 1):
-        for got, expected in zip(answers(compiled, photos[:count]), reference[:count], strict=True):
-            assert_same_answer(got, expected, compiled.precision)
-    assert counters["stats"]["unique_graphs"] == graphs_after_warm_up  # no request compiled
+    assert classifier.runner == "aot" and classifier.compiled_refusal is None
+    graphs_before = counters["stats"]["unique_graphs"]
+    reference = answers(eager_fp32, photos)
+    for count in (1, 2, 3, 5, 2, 1):
+        for got, expected in zip(answers(classifier, photos[:count]), reference[:count], strict=True):
+            assert_same_answer(got, expected, classifier.precision)
+    assert counters["stats"]["unique_graphs"] == graphs_before  # nothing compiles in a worker
+
+
+def test_the_bf16_package_runs_where_the_cpu_has_native_bf16(classifier, eager_fp32, photos,
+                                                              monkeypatch):
+    # Forced on, so the bf16 package is loaded and checked on any CPU (emulated where not native).
+    monkeypatch.setattr(model_loading, "cpu_has_native_bf16", lambda: True)
+    bf16 = load_classifier_dir(classifier.model_dir)
+    assert (bf16.precision, bf16.runner) == ("bf16", "aot")
+    for got, expected in zip(answers(bf16, photos), answers(eager_fp32, photos), strict=True):
+        assert_same_answer(got, expected, "bf16")
+
+
+def test_without_native_bf16_the_fp32_package_runs(classifier, monkeypatch):
+    monkeypatch.setattr(model_loading, "cpu_has_native_bf16", lambda: False)
+    fp32 = load_classifier_dir(classifier.model_dir)
+    assert DEFAULT_CLASSIFIER.handler_options["precision"] == "bf16"
+    assert (fp32.precision, fp32.runner) == ("fp32", "aot")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from handlers.settings import (
+    CompileSettings,
     SettingsError,
     parse_classifier_settings,
     parse_log_batches,
@@ -15,12 +16,14 @@ MINIMAL = {"model": {"source": "timm", "architecture": "efficientnet_lite0"}}
 def test_defaults_fill_what_is_not_given():
     settings = parse_classifier_settings(MINIMAL)
     assert (settings.input_size, settings.resize_size, settings.top_k) == (224, 256, 5)
-    assert settings.precision == "fp32" and settings.compile_mode is None
+    assert settings.precision == "fp32" and settings.compile is None and settings.compiled_packages == ()
     assert settings.limits.max_body_bytes == 6_553_500
 
 
-def test_compile_true_means_the_default_mode():
-    assert parse_classifier_settings({**MINIMAL, "compile": True}).compile_mode == "default"
+def test_compile_true_means_the_portable_cpu_target():
+    assert parse_classifier_settings({**MINIMAL, "compile": True}).compile == CompileSettings("avx2", 30.0)
+    asked = {"cpu_target": "avx512", "load_timeout_s": 5}
+    assert parse_classifier_settings({**MINIMAL, "compile": asked}).compile == CompileSettings("avx512", 5.0)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -30,6 +33,10 @@ def test_compile_true_means_the_default_mode():
     ({"preprocess": {"mean": [0.5, 0.5]}}, "preprocess.mean"),
     ({"preprocess": {"std": [0.5, 0.0, 0.5]}}, "preprocess.std"),
     ({"compile": "fastest"}, "compile"),
+    ({"compile": "default"}, "never runs torch.compile"),
+    ({"compile": {"cpu_target": "sse2"}}, "compile.cpu_target"),
+    ({"compile": {"load_timeout_s": 0}}, "compile.load_timeout_s"),
+    ({"compiled_packages": [{"file": "x.pt2"}]}, "compiled_packages"),
     ({"limits": {"max_pixels": -1}}, "limits.max_pixels"),
 ])
 def test_bad_values_name_the_setting(extra, message):

@@ -320,13 +320,17 @@ def frontend_settings(serving: ServingSettings) -> dict[str, Any]:
     return {"startupTimeout": serving.startup_timeout_s, "responseTimeout": serving.response_timeout_s}
 
 
-def run_archiver(description: ModelDescription, staging: Path, weights: Path, store: Path) -> Path:
-    """Run the real torch-model-archiver; return the archive's path in the model store."""
+def run_archiver(description: ModelDescription, staging: Path, weights: Path, store: Path,
+                 handler: Path | None = None) -> Path:
+    """Run the real torch-model-archiver; return the archive's path in the model store.
+    `handler`: an entry module of one's own instead of the task's (it must be inside
+    `staging/extra`, so that it lands in the archive)."""
     archiver = Path(sys.executable).with_name("torch-model-archiver")
+    handler = handler or staging / "extra" / "handlers" / ENTRY_MODULES[description.task]
     command = [
         str(archiver), "--model-name", description.name, "--version", description.version,
         "--serialized-file", str(weights),
-        "--handler", str(staging / "extra" / "handlers" / ENTRY_MODULES[description.task]),
+        "--handler", str(handler),
         "--extra-files", str(staging / "extra"),
         "--config-file", str(staging / "model-config.yaml"),
         "--export-path", str(staging), "--force",

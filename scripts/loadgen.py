@@ -178,13 +178,17 @@ def run_closed_loop(target: LoadTarget, clients: int, duration_s: float, max_req
 
 
 def run_open_loop(target: LoadTarget, rate_rps: float, duration_s: float, max_requests: int,
-                  max_in_flight: int = 256, seed: int = 0, progress: Progress | None = None) -> Report:
-    """Poisson arrivals at `rate_rps`; up to `max_in_flight` requests outstanding at once."""
+                  max_in_flight: int = 256, seed: int = 0, progress: Progress | None = None,
+                  stop: threading.Event | None = None, results: list[Result] | None = None,
+                  started: float | None = None) -> Report:
+    """Poisson arrivals at `rate_rps`; up to `max_in_flight` requests outstanding at once.
+    `stop` ends the arrivals early; `results` receives every request's Result; `started`
+    (time.perf_counter()) is the time the schedule counts from (default: now)."""
     schedule = poisson_schedule(rate_rps, duration_s, seed)[:max_requests]
     pending: queue.Queue[tuple[int, float] | None] = queue.Queue()
-    results: list[Result] = []
+    results = [] if results is None else results
     lock = threading.Lock()
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
 
     def worker() -> None:
         connection = target.connection()
@@ -204,7 +208,9 @@ def run_open_loop(target: LoadTarget, rate_rps: float, duration_s: float, max_re
         thread.start()
     for index, due in enumerate(schedule):
         delay = started + due - time.perf_counter()
-        if delay > 0:
+        if stop is not None and stop.wait(max(delay, 0.0)):
+            break
+        if stop is None and delay > 0:
             time.sleep(delay)
         pending.put((index, due))
     for _ in workers:

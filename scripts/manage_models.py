@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -35,7 +34,9 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from scripts.management_client import ManagementError, TorchServeClient  # noqa: E402
 from scripts.rollout import (  # noqa: E402
+    WORKERS_DEADLINE_MARGIN_S,
     RolloutError,
+    RolloutInterrupted,
     RolloutPlan,
     ServingSettings,
     archive_manifest,
@@ -44,6 +45,7 @@ from scripts.rollout import (  # noqa: E402
     record,
     rollback,
     rollout,
+    scale,
     settings_version,
     wait_for_workers,
 )
@@ -128,41 +130,20 @@ def command_register(client: TorchServeClient, args: argparse.Namespace) -> None
     manifest = archive_manifest(args.model_store / args.archive)
     low, high = worker_counts(args, client, (1, 1))
     say(client.register(args.archive, args.batch_size, args.max_batch_delay, low,
-                        args.response_timeout))
+                        args.response_timeout, args.startup_timeout))
     client.scale(manifest["modelName"], manifest["modelVersion"], low, high)
-    wait_for_workers(client, manifest["modelName"], manifest["modelVersion"], low, args.timeout)
+    wait_for_workers(client, manifest["modelName"], manifest["modelVersion"], low,
+                     args.timeout or args.startup_timeout + WORKERS_DEADLINE_MARGIN_S)
     print(f"{manifest['modelName']} {manifest['modelVersion']}: {low} worker(s) ready")
 
 
 def command_scale(client: TorchServeClient, args: argparse.Namespace) -> None:
     current = client.describe(args.model, args.version)[0]
-    version = current["modelVersion"]
     low, high = worker_counts(args, client, (current["minWorkers"], current["maxWorkers"]))
-    default = default_version(client, args.model)
-    if low < len(current["workers"]) and default and default["modelVersion"] == version:
-        scale_down_by_swap(client, args, current, low, high)
-        return
-    say(client.scale(args.model, version, low, high))
-    wait_for_workers(client, args.model, version, low, args.timeout)
-    print(f"{args.model} {version}: workers min {low} / max {high}")
-
-
-def scale_down_by_swap(client: TorchServeClient, args: argparse.Namespace,
-                       current: dict[str, Any], low: int, high: int) -> None:
-    """TorchServe stops surplus workers even in the middle of a batch (those requests get 500
-    "Worker died"), so the default version is scaled down by rolling out a copy of its archive
-    with fewer workers: the old workers finish their queue before they go."""
-    settings = replace(ServingSettings.of_version(current), min_workers=low, max_workers=high)
-    version = f"{current['modelVersion'].split('-w')[0]}-w{low}"
-    archive = (f"{args.model}-{version}.mar" if client.dry_run
-               else archive_with_version(args.model_store, current["modelUrl"], version))
-    plan = RolloutPlan(args.model, archive, settings, default_smoke_image().read_bytes(),
-                       workers_timeout_s=args.timeout)
-    if client.dry_run:
-        print(f"[dry-run] would roll out {archive} with {settings} (scaling down without failures)")
-        return
-    rollout(client, plan, args.model_store, print)
-    print(f"{args.model} {version}: workers min {low} / max {high}")
+    entry = scale(client, args.model, current["modelVersion"], low, high, args.model_store,
+                  default_smoke_image().read_bytes(), print, args.timeout)
+    if entry and not client.dry_run:
+        record(args.history, entry)
 
 
 def command_set_default(client: TorchServeClient, args: argparse.Namespace) -> None:
@@ -182,7 +163,8 @@ def rollout_plan(client: TorchServeClient, args: argparse.Namespace, archive: st
         max_batch_delay_ms=args.max_batch_delay if args.max_batch_delay is not None
         else base.max_batch_delay_ms,
         min_workers=low, max_workers=high,
-        response_timeout_s=args.response_timeout or base.response_timeout_s)
+        response_timeout_s=args.response_timeout or base.response_timeout_s,
+        startup_timeout_s=args.startup_timeout or base.startup_timeout_s)
     return RolloutPlan(model=args.model, archive=archive, settings=settings,
                        smoke_image=args.smoke_image.read_bytes(),
                        expect_labels=frozenset(args.expect_label or ()),
@@ -231,13 +213,17 @@ def add_workers(parser: argparse.ArgumentParser, with_total: bool) -> None:
     parser.add_argument("--workers-per-gpu", type=int,
                         help="k workers on each GPU of the host: min = max = k x GPUs")
     parser.add_argument("--gpus", type=int, help="GPUs of the server host (default: this machine's)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for workers")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds to wait for workers (default: the version's start-up "
+                             f"timeout + {WORKERS_DEADLINE_MARGIN_S:.0f} s)")
 
 
 def add_batching(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--max-batch-delay", type=int, help="milliseconds")
     parser.add_argument("--response-timeout", type=int, help="seconds")
+    parser.add_argument("--startup-timeout", type=int,
+                        help="seconds a worker may take to load before TorchServe restarts it")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -263,6 +249,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     register.add_argument("--batch-size", type=int, default=8)
     register.add_argument("--max-batch-delay", type=int, default=20, help="milliseconds")
     register.add_argument("--response-timeout", type=int, default=60, help="seconds")
+    register.add_argument("--startup-timeout", type=int, default=120,
+                          help="seconds a worker may take to load before TorchServe restarts it")
     scale = commands.add_parser("scale", parents=[common], help="set a version's worker counts")
     scale.add_argument("model")
     scale.add_argument("--version", default=None, help="default: the default version")
@@ -312,9 +300,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                args.key_file, args.dry_run)
     try:
         COMMANDS[args.command](client, args)
+    except RolloutInterrupted as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 130
     except (ManagementError, RolloutError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -4,7 +4,11 @@
   directory), every call carries the right key; an expired key (by the file's expiration time,
   or refused by the server with InvalidKeyException) is refreshed through `GET /token` with the
   API key, and the call is retried once. Without a key file, no key is sent.
-- Transient connection errors are retried a bounded number of times, with backoff.
+- Transient connection errors are retried a bounded number of times, with backoff; a call that
+  gets no answer in `timeout_s` raises ManagementError (status 0) like any other failure.
+- Register and scale are asynchronous: a call that waited for workers to load would hold a
+  frontend thread for as long as a worker takes to start (seen: /ping and GET /models went
+  unanswered meanwhile). Callers poll `describe` for READY workers instead (see rollout.py).
 - `dry_run`: calls that change the server are printed instead of sent; reads still run, so a dry
   run shows exactly the changes it would make to the server as it is.
 - Any non-2xx answer raises ManagementError carrying the server's own message.
@@ -68,7 +72,7 @@ class TorchServeClient:
     key_file: KeyFile | None = None
     dry_run: bool = False
     attempts: int = 4
-    timeout_s: float = 300.0
+    timeout_s: float = 60.0
     session: requests.Session = field(default_factory=requests.Session)
 
     @classmethod
@@ -116,6 +120,8 @@ class TorchServeClient:
                                           f"{method} {url}") from None
                 time.sleep(delay_s)
                 delay_s *= 2
+            except requests.RequestException as error:  # a time-out: the call may have happened
+                raise ManagementError(0, f"no answer: {error}", f"{method} {url}") from None
         raise AssertionError("unreachable")
 
     def call(self, method: str, path: str, params: dict[str, Any] | None = None,
@@ -147,16 +153,21 @@ class TorchServeClient:
         return list(self.call("GET", f"/models/{model}" + (f"/{version}" if version else "")))
 
     def register(self, archive: str, batch_size: int, max_batch_delay_ms: int, initial_workers: int,
-                 response_timeout_s: int) -> Any:
-        return self.call("POST", "/models", {
+                 response_timeout_s: int, startup_timeout_s: int | None = None) -> Any:
+        """Register without waiting for workers (poll `describe` for READY ones)."""
+        params: dict[str, Any] = {
             "url": archive, "batch_size": batch_size, "max_batch_delay": max_batch_delay_ms,
             "initial_workers": initial_workers, "response_timeout": response_timeout_s,
-            "synchronous": "true",
-        })
+            "synchronous": "false",
+        }
+        if startup_timeout_s is not None:
+            params["startup_timeout"] = startup_timeout_s
+        return self.call("POST", "/models", params)
 
     def scale(self, model: str, version: str, min_workers: int, max_workers: int) -> Any:
+        """Set worker counts without waiting for them (poll `describe` for READY ones)."""
         return self.call("PUT", f"/models/{model}/{version}", {
-            "min_worker": min_workers, "max_worker": max_workers, "synchronous": "true"})
+            "min_worker": min_workers, "max_worker": max_workers, "synchronous": "false"})
 
     def set_default(self, model: str, version: str) -> Any:
         return self.call("PUT", f"/models/{model}/{version}/set-default")

@@ -2,21 +2,26 @@
 
 rollout: register the new version -> scale it and wait for its workers -> smoke-test it at
 /predictions/{model}/{version} -> set it as default -> wait for the old version's queue to drain
--> unregister the old version. Any failure stops the rollout, restores the old default, removes
-what the rollout added, and raises RolloutError with the server's message.
+-> unregister the old version. Register and scale never wait inside the server (a waiting call
+holds a frontend thread for as long as a worker takes to start); the rollout polls `describe`
+for READY workers, with a deadline from the version's startupTimeout. Any failure, a time-out
+or an interruption (Ctrl-C) stops the rollout, restores the old default, removes what the
+rollout added, and raises RolloutError (RolloutInterrupted for Ctrl-C) saying what was undone.
 
-Each completed rollout is appended to a history file, which `rollback` reads to find the
-previous version (and its archive and settings, to re-register it when it is gone).
+Each completed change (rollout, rollback, scaling) is appended to a history file, which
+`rollback` reads to find what to undo (the previous version, its archive and settings).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,15 @@ Log = Callable[[str], None]
 
 class RolloutError(RuntimeError):
     """The rollout failed and was undone; the message says which step and why."""
+
+
+class RolloutInterrupted(RolloutError):
+    """The rollout was interrupted (Ctrl-C) and undone."""
+
+
+# Seconds past a version's startupTimeout to wait for its workers: TorchServe kills a worker that
+# has not loaded by then, so a version not READY by this deadline is not coming.
+WORKERS_DEADLINE_MARGIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,13 @@ class RolloutPlan:
     keep_old: bool = False
     drain_timeout_s: float = 120.0
     drain_grace_s: float = 2.0
-    workers_timeout_s: float = 300.0
+    workers_timeout_s: float | None = None  # None: settings.startup_timeout_s + the margin
+
+    @property
+    def workers_deadline_s(self) -> float:
+        if self.workers_timeout_s is not None:
+            return self.workers_timeout_s
+        return self.settings.startup_timeout_s + WORKERS_DEADLINE_MARGIN_S
 
 
 # --- archives ---------------------------------------------------------------------------------
@@ -126,16 +146,26 @@ def ready_workers(description: dict[str, Any]) -> int:
 
 
 def wait_for_workers(client: TorchServeClient, model: str, version: str, count: int,
-                     timeout_s: float) -> None:
+                     timeout_s: float, max_worker_starts: int = 4) -> None:
+    """Until `count` workers of the version are READY. RolloutError after `timeout_s`, or as soon
+    as its workers have been started `max_worker_starts` times (new pids) with none READY: a
+    version whose workers die while loading is not coming, however long one waits."""
     if client.dry_run:
         return
     deadline = time.monotonic() + timeout_s
+    pids: set[Any] = set()
     while True:
         description = client.describe(model, version)[0]
-        if ready_workers(description) >= count:
+        ready = ready_workers(description)
+        if ready >= count:
             return
+        pids |= {worker.get("pid") for worker in description.get("workers", [])} - {None, "", -1}
+        if ready == 0 and len(pids) >= max_worker_starts + count - 1:
+            raise RolloutError(f"{model} {version}: its workers died while loading ({len(pids)} "
+                               "worker processes started, none READY); the reason is in "
+                               "model_log.log")
         if time.monotonic() > deadline:
-            raise RolloutError(f"{model} {version}: {ready_workers(description)} of {count} workers "
+            raise RolloutError(f"{model} {version}: {ready} of {count} workers "
                                f"ready after {timeout_s:.0f} s")
         time.sleep(0.5)
 
@@ -194,17 +224,39 @@ def smoke_test(client: TorchServeClient, model: str, version: str, image: bytes,
 
 
 # --- rollout and rollback -------------------------------------------------------------------
-def undo(client: TorchServeClient, model: str, new_version: str, old_version: str | None,
-         default_changed: bool, log: Log) -> None:
-    """Put the old version back as default and remove the new one, as far as possible."""
-    if default_changed and old_version is not None:
-        client.set_default(model, old_version)
-        log(f"restored {model} {old_version} as default")
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C is held back while an undo runs, so an impatient second Ctrl-C cannot leave the
+    server half restored (only possible in the main thread; elsewhere this does nothing)."""
     try:
-        client.unregister(model, new_version)
-        log(f"unregistered {model} {new_version}")
-    except ManagementError as error:
-        log(f"could not unregister {model} {new_version}: {error}")
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def undo(client: TorchServeClient, model: str, new_version: str, old_version: str | None,
+         log: Log) -> list[str]:
+    """Put the old version back as default and remove the new one if it got registered, as far
+    as the server allows; never raises. Returns what it could not do."""
+    problems: list[str] = []
+    with interrupts_deferred():
+        try:
+            current = default_version(client, model)
+            if old_version is not None and current is not None and current["modelVersion"] != old_version:
+                client.set_default(model, old_version)
+                log(f"restored {model} {old_version} as default")
+            if any(v["modelVersion"] == new_version for v in versions_of(client, model)):
+                client.unregister(model, new_version)
+                log(f"unregistered {model} {new_version}")
+        except ManagementError as error:
+            problems.append(str(error))
+            log(f"undo incomplete: {error}")
+    return problems
 
 
 def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) -> dict[str, Any]:
@@ -220,30 +272,41 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
     reference = None
     if plan.compare_with_current and old_version is not None and not client.dry_run:
         reference = client.predict(plan.model, old_version, plan.smoke_image)
-    settings = plan.settings
-    log(f"registering {plan.archive} as {plan.model} {new_version}")
-    client.register(plan.archive, settings.batch_size, settings.max_batch_delay_ms,
-                    settings.min_workers, settings.response_timeout_s)
-    default_changed = False
     try:
-        client.scale(plan.model, new_version, settings.min_workers, settings.max_workers)
-        wait_for_workers(client, plan.model, new_version, settings.min_workers, plan.workers_timeout_s)
-        log(f"{plan.model} {new_version}: {settings.min_workers} worker(s) ready; smoke test")
-        smoke_test(client, plan.model, new_version, plan.smoke_image, plan.expect_labels, reference)
-        client.set_default(plan.model, new_version)
-        default_changed = True
-        log(f"{plan.model} {new_version} is the default")
-        if old_version is not None and not plan.keep_old:
-            wait_for_drain(client, plan.model, old_version, plan.drain_timeout_s, plan.drain_grace_s)
-            client.unregister(plan.model, old_version)
-            log(f"unregistered {plan.model} {old_version}")
-    except (ManagementError, RolloutError) as error:
-        undo(client, plan.model, new_version, old_version, default_changed, log)
-        raise RolloutError(f"rollout of {plan.model} {new_version} failed and was undone: {error}") from None
+        swap(client, plan, new_version, old_version, reference, log)
+    except (ManagementError, RolloutError, KeyboardInterrupt) as error:
+        problems = [] if client.dry_run else undo(client, plan.model, new_version, old_version, log)
+        state = f"; undo incomplete: {'; '.join(problems)}" if problems else \
+            f" ({plan.model} {old_version} is the default)" if old_version else ""
+        if isinstance(error, KeyboardInterrupt):
+            raise RolloutInterrupted(f"rollout of {plan.model} {new_version} was interrupted and "
+                                     f"undone{state}") from None
+        raise RolloutError(f"rollout of {plan.model} {new_version} failed and was undone{state}: "
+                           f"{error}") from None
     return {"model": plan.model, "to_version": new_version, "to_archive": plan.archive,
             "from_version": old_version, "from_archive": current["modelUrl"] if current else None,
             "from_settings": asdict(ServingSettings.of_version(current)) if current else None,
+            "to_settings": asdict(plan.settings),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_version: str | None,
+         reference: Any | None, log: Log) -> None:
+    """The rollout's steps, from register to unregistering the old version (see `rollout`)."""
+    settings = plan.settings
+    log(f"registering {plan.archive} as {plan.model} {new_version}")
+    client.register(plan.archive, settings.batch_size, settings.max_batch_delay_ms,
+                    settings.min_workers, settings.response_timeout_s, settings.startup_timeout_s)
+    client.scale(plan.model, new_version, settings.min_workers, settings.max_workers)
+    wait_for_workers(client, plan.model, new_version, settings.min_workers, plan.workers_deadline_s)
+    log(f"{plan.model} {new_version}: {settings.min_workers} worker(s) ready; smoke test")
+    smoke_test(client, plan.model, new_version, plan.smoke_image, plan.expect_labels, reference)
+    client.set_default(plan.model, new_version)
+    log(f"{plan.model} {new_version} is the default")
+    if old_version is not None and not plan.keep_old:
+        wait_for_drain(client, plan.model, old_version, plan.drain_timeout_s, plan.drain_grace_s)
+        client.unregister(plan.model, old_version)
+        log(f"unregistered {plan.model} {old_version}")
 
 
 def record(history_file: Path, entry: dict[str, Any]) -> None:
@@ -253,30 +316,89 @@ def record(history_file: Path, entry: dict[str, Any]) -> None:
     history_file.write_text(json.dumps(history, indent=2))
 
 
-def last_rollout(history_file: Path, model: str, current_version: str) -> dict[str, Any]:
+def last_change(history_file: Path, model: str, current_version: str) -> dict[str, Any]:
+    """The latest recorded change that made `current_version` what serves `model`."""
     history = json.loads(history_file.read_text()) if history_file.is_file() else []
     for entry in reversed(history):
         if entry["model"] == model and entry["to_version"] == current_version and entry["from_version"]:
             return dict(entry)
-    raise RolloutError(f"no recorded rollout of {model} to {current_version} in {history_file}; "
+    raise RolloutError(f"no recorded change of {model} to {current_version} in {history_file}; "
                        "nothing to roll back to")
+
+
+def settings_text(settings: ServingSettings) -> str:
+    return (f"batch {settings.batch_size}, delay {settings.max_batch_delay_ms} ms, workers "
+            f"{settings.min_workers}/{settings.max_workers}, timeouts response "
+            f"{settings.response_timeout_s} s / start-up {settings.startup_timeout_s} s")
+
+
+def scale(client: TorchServeClient, model: str, version: str | None, low: int, high: int,
+          store: Path, smoke_image: bytes, log: Log, timeout_s: float | None = None) -> dict[str, Any]:
+    """Set a version's workers with no failed request; return a history entry.
+
+    TorchServe stops surplus workers even in the middle of a batch (those requests get 500
+    "Worker died"), so the default version is scaled down by rolling out a copy of its archive
+    (version `<v>-w<N>`) with fewer workers: the old workers finish their queue before they go.
+    Anything else is a plain scale call, then a wait for READY workers; if they do not come
+    before the deadline, the old counts are restored."""
+    current = client.describe(model, version)[0]
+    version = str(current["modelVersion"])
+    before = ServingSettings.of_version(current)
+    after = replace(before, min_workers=low, max_workers=high)
+    default = default_version(client, model)
+    if low < len(current["workers"]) and default and default["modelVersion"] == version:
+        copy_version = f"{version.split('-w')[0]}-w{low}"
+        if client.dry_run:
+            log(f"[dry-run] would roll out {model} {copy_version}, a copy of {current['modelUrl']} "
+                f"with {settings_text(after)}, then unregister {version}")
+            return {}
+        archive = archive_with_version(store, current["modelUrl"], copy_version)
+        plan = RolloutPlan(model, archive, after, smoke_image, workers_timeout_s=timeout_s)
+        return {**rollout(client, plan, store, log), "kind": "scale"}
+    client.scale(model, version, low, high)
+    try:
+        wait_for_workers(client, model, version, low,
+                         timeout_s or after.startup_timeout_s + WORKERS_DEADLINE_MARGIN_S)
+    except (RolloutError, KeyboardInterrupt) as error:
+        with interrupts_deferred():
+            client.scale(model, version, before.min_workers, before.max_workers)
+        raise RolloutError(f"scaling {model} {version} to {low} workers failed and was undone "
+                           f"(workers {before.min_workers}/{before.max_workers} again): {error!r}") from None
+    log(f"{model} {version}: workers min {low} / max {high}")
+    return {"kind": "scale", "model": model, "to_version": version, "to_archive": current["modelUrl"],
+            "from_version": version, "from_archive": current["modelUrl"],
+            "from_settings": asdict(before), "to_settings": asdict(after),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def rollback(client: TorchServeClient, model: str, history_file: Path, store: Path,
              plan_template: RolloutPlan, log: Log) -> dict[str, Any]:
-    """Make the version before the current one the default again: at once when it is still
-    registered, else by rolling out its archive again with its recorded settings."""
+    """Undo the latest recorded change to what serves `model`: the previous version becomes the
+    default again (at once when it is still registered, else by rolling out its archive again
+    with its recorded settings), or a scaling is reversed. Says what it will do first."""
     current = default_version(client, model)
     if current is None:
         raise RolloutError(f"{model} is not registered")
-    entry = last_rollout(history_file, model, current["modelVersion"])
+    entry = last_change(history_file, model, current["modelVersion"])
     previous = entry["from_version"]
+    settings = ServingSettings(**entry["from_settings"])
+    undoing = f"undoing the {entry.get('kind', 'rollout')} of {entry['time']}"
+    if previous == current["modelVersion"]:
+        log(f"rollback of {model} ({undoing}): {previous} back to {settings_text(settings)}")
+        rolled = scale(client, model, previous, settings.min_workers, settings.max_workers, store,
+                       plan_template.smoke_image, log, plan_template.workers_timeout_s)
+        return {**rolled, "kind": "rollback"}
     if any(v["modelVersion"] == previous for v in versions_of(client, model)):
+        log(f"rollback of {model} ({undoing}): {previous} is still registered; it becomes the "
+            f"default again and {current['modelVersion']} stays registered")
         client.set_default(model, previous)
-        log(f"{model} {previous} is the default again ({current['modelVersion']} stays registered)")
-        return {**entry, "to_version": previous, "from_version": current["modelVersion"],
-                "to_archive": entry["from_archive"], "from_archive": current["modelUrl"]}
-    plan = replace(plan_template, model=model, archive=entry["from_archive"],
-                   settings=ServingSettings(**entry["from_settings"]))
-    log(f"{model} {previous} is gone; re-registering it from {entry['from_archive']}")
-    return rollout(client, plan, store, log)
+        log(f"{model} {previous} is the default again")
+        return {**entry, "kind": "rollback", "to_version": previous,
+                "from_version": current["modelVersion"], "to_archive": entry["from_archive"],
+                "from_archive": current["modelUrl"], "to_settings": entry["from_settings"],
+                "from_settings": asdict(ServingSettings.of_version(current))}
+    log(f"rollback of {model} ({undoing}): {previous} is gone; re-registering it from "
+        f"{entry['from_archive']} with {settings_text(settings)}, then retiring "
+        f"{current['modelVersion']}")
+    plan = replace(plan_template, model=model, archive=entry["from_archive"], settings=settings)
+    return {**rollout(client, plan, store, log), "kind": "rollback"}

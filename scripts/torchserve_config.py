@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,3 +40,35 @@ def models_property(path: Path) -> dict[str, Any]:
 def render_properties(properties: Mapping[str, str]) -> str:
     """Properties text, one `key=value` per line (values must not contain newlines)."""
     return "".join(f"{key}={value}\n" for key, value in properties.items())
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` TCP ports free on 127.0.0.1 right now."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def server_config(directory: Path, model_store: Path, base_config: Path, **overrides: str) -> Path:
+    """`base_config` on free 127.0.0.1 ports, loading from `model_store`, written into
+    `directory` (for a second instance beside a running one: tests, benchmarks)."""
+    inference, management, metrics, grpc_inference, grpc_management = free_ports(5)
+    properties = read_properties(base_config)
+    properties.update({
+        "inference_address": f"http://127.0.0.1:{inference}",
+        "management_address": f"http://127.0.0.1:{management}",
+        "metrics_address": f"http://127.0.0.1:{metrics}",
+        "grpc_inference_port": str(grpc_inference),
+        "grpc_management_port": str(grpc_management),
+        "model_store": str(model_store),
+    })
+    properties.update(overrides)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "config.properties"
+    path.write_text(render_properties(properties))
+    return path

@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from scripts.rollout import wait_for_empty_queue  # noqa: E402
-from scripts.torchserve_config import read_properties  # noqa: E402
+from scripts.torchserve_config import read_properties, render_properties  # noqa: E402
 
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
@@ -54,12 +54,20 @@ class TorchServeInstance:
         return self.run_dir / "tmp"
 
     @property
+    def effective_config(self) -> Path:
+        """The config TorchServe runs with: `config_path` with this instance's model store."""
+        return self.run_dir / "effective.config.properties"
+
+    @property
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["TMPDIR"] = str(self.tmp_dir)
+        # The frontend's java.io.tmpdir: worker sockets (.ts.sock.<port>) and unpacked archives
+        # go there, so two instances on one host never share a socket path.
+        env["TEMP"] = str(self.tmp_dir)
         env["LOG_LOCATION"] = str(self.log_dir)
         env["METRICS_LOCATION"] = str(self.log_dir)
         bin_dir = str(Path(sys.executable).parent)
@@ -108,6 +116,28 @@ def configured_model_store(config_path: Path) -> Path:
     """The config's `model_store`; a relative path is taken from the repository root."""
     store = Path(read_properties(config_path).get("model_store", "model_store"))
     return store if store.is_absolute() else REPO_ROOT / store
+
+
+# Unix socket paths are limited to 107 bytes; the longest worker socket name is .ts.sock.65535.
+MAX_SOCKET_PATH = 107
+
+
+def java_regex_literal(text: str) -> str:
+    """`text` quoted for a Java regular expression, written as a properties-file value."""
+    if "\\E" in text:
+        raise ServerError(f"cannot quote {text!r} for allowed_urls")
+    return "\\\\Q" + text + "\\\\E"
+
+
+def write_effective_config(instance: TorchServeInstance, model_store: Path) -> Path:
+    """The instance's config with `model_store` made absolute and `allowed_urls` restricted to
+    archives directly in it (TorchServe copies a file:// URL that matches into the store)."""
+    properties = read_properties(instance.config_path)
+    store = str(model_store.resolve())
+    properties["model_store"] = store
+    properties["allowed_urls"] = f"file://{java_regex_literal(store)}/[^/]+\\\\.mar"
+    instance.effective_config.write_text(render_properties(properties), encoding="utf-8")
+    return instance.effective_config
 
 
 def torchserve_command(instance: TorchServeInstance, extra: Sequence[str] = ()) -> list[str]:
@@ -170,8 +200,11 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
     """Start TorchServe with the instance's config (`--ncs`: no snapshot restore) and wait for /ping."""
     instance.tmp_dir.mkdir(parents=True, exist_ok=True)
     instance.log_dir.mkdir(parents=True, exist_ok=True)
+    if len(str(instance.tmp_dir / ".ts.sock.65535").encode()) > MAX_SOCKET_PATH:
+        raise ServerError(f"the run directory {instance.run_dir} is too deep for worker sockets "
+                          f"(Unix socket paths have at most {MAX_SOCKET_PATH} bytes): use a shorter one")
     store = model_store or configured_model_store(instance.config_path)
-    extra = ["--start", "--ncs", "--ts-config", str(instance.config_path),
+    extra = ["--start", "--ncs", "--ts-config", str(write_effective_config(instance, store)),
              "--model-store", str(store.resolve())]
     if instance.log_config is not None:
         extra += ["--log-config", str(instance.log_config)]

@@ -8,6 +8,7 @@ import functools
 import io
 import random
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -113,12 +114,28 @@ def test_an_upload_over_max_request_size_gets_413_not_a_dropped_connection(serve
     assert ping(server)
 
 
-def test_registration_from_outside_the_model_store_is_refused(server):
+def test_registration_from_outside_the_model_store_is_refused(server, model_store, tmp_path):
+    look_alike = tmp_path / "model_store"   # a folder of the same name elsewhere on disk
+    look_alike.mkdir()
+    shutil.copy(model_store / "ssdlite320-1.0.mar", look_alike / "elsewhere.mar")
     for outside in ("file:///etc/passwd", "file:///tmp/elsewhere/model.mar",
-                    "http://127.0.0.1:9/model.mar"):
+                    "http://127.0.0.1:9/model.mar", f"file://{look_alike}/elsewhere.mar"):
         answer = requests.post(f"{server.management_url}/models", params={"url": outside}, timeout=30)
         assert answer.status_code == 404, outside
         assert "allowed" in answer.json()["message"]
+    assert not (model_store / "elsewhere.mar").exists()
+
+
+def test_a_file_url_inside_the_model_store_passes_the_url_check(server, model_store):
+    """TorchServe copies an allowed file:// URL into the store: for a file already there it
+    answers that the file exists, which shows the URL passed `allowed_urls`."""
+    answer = requests.post(f"{server.management_url}/models", timeout=60, params={
+        "url": f"file://{model_store}/ssdlite320-1.0.mar", "initial_workers": "0"})
+    assert answer.status_code == 409 and "allowed" not in answer.text, answer.text
+
+
+def test_worker_sockets_live_in_the_instance_own_temp_folder(server):
+    assert list(server.tmp_dir.glob(".ts.sock.*"))
 
 
 def metric_values(server: TorchServeInstance, name: str) -> dict[str, float]:

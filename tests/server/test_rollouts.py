@@ -2,21 +2,44 @@
 
 v1 and v2 are the same real classifier with top-5 and top-3 answers, so every response shows
 which version served it. The "bad" version has its class names scrambled, so its smoke test fails.
+The "slow" version sleeps in `initialize` before loading, like a version with a slow start; the
+"broken" one has a model-config.yaml TorchServe cannot parse, so registering it is refused.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
-from scripts.build_archives import build_archive, parse_description, resolve_labels
+from scripts.build_archives import (
+    ModelDescription,
+    build_archive,
+    parse_description,
+    resolve_labels,
+    run_archiver,
+    stage_files,
+)
 from scripts.manage_models import main as manage
 from scripts.management_client import TorchServeClient
-from scripts.rollout import RolloutError, RolloutPlan, ServingSettings, rollout, versions_of
+from scripts.rollout import (
+    RolloutError,
+    RolloutPlan,
+    ServingSettings,
+    rollout,
+    versions_of,
+    wait_for_workers,
+)
 from scripts.torchserve_process import TorchServeInstance
 from tests.images import CAT_LABELS, photo_bytes
 from tests.server.conftest import started_server
@@ -27,6 +50,18 @@ MODEL = "efficientnet_lite0"
 V1_LENGTH, V2_LENGTH = 5, 3
 SETTINGS = ServingSettings(batch_size=8, max_batch_delay_ms=20, min_workers=1, max_workers=1,
                            response_timeout_s=60)
+SLOW_START_S = 12
+SLOW_START_HANDLER = f"""
+import time
+
+from handlers.image_classifier import ImageClassifierHandler
+
+
+class SlowStartClassifier(ImageClassifierHandler):
+    def initialize(self, context):
+        time.sleep({SLOW_START_S})
+        super().initialize(context)
+"""
 
 
 def describe_version(version: str, top_k: int, labels: str) -> dict:
@@ -44,8 +79,40 @@ def archives(model_store: Path, tmp_path_factory) -> dict[str, str]:
     built = {"v2": build_archive(parse_description(describe_version("2.0", 3, "imagenet")),
                                  model_store),
              "bad": build_archive(parse_description(describe_version("3.0", 5, str(scrambled))),
-                                  model_store)}
+                                  model_store),
+             "slow": build_slow_start_archive(parse_description(describe_version("4.0", 5, "imagenet")),
+                                              model_store)}
+    built["refused"] = copy_with_changes(built["v2"], model_store / f"{MODEL}-5.0.mar",
+                                         {"modelVersion": "5.0"}, runtime="no-such-runtime")
+    built["crashing"] = copy_with_changes(built["v2"], model_store / f"{MODEL}-6.0.mar",
+                                          {"modelVersion": "6.0"}, yaml_text=b"handler: [unclosed\n")
     return {name: path.name for name, path in built.items()}
+
+
+def build_slow_start_archive(description: ModelDescription, store: Path) -> Path:
+    with tempfile.TemporaryDirectory() as tmp:
+        staging = Path(tmp)
+        weights = stage_files(description, staging)
+        handler = staging / "extra" / "slow_start_classifier.py"
+        handler.write_text(SLOW_START_HANDLER)
+        return run_archiver(description, staging, weights, store, handler)
+
+
+def copy_with_changes(source: Path, target: Path, model_changes: dict, runtime: str | None = None,
+                      yaml_text: bytes | None = None) -> Path:
+    """A copy of an archive with its manifest (and optionally its YAML) changed."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for item in old.infolist():
+            data = old.read(item.filename)
+            if item.filename == "model-config.yaml" and yaml_text is not None:
+                data = yaml_text
+            elif item.filename == "MAR-INF/MANIFEST.json":
+                document = json.loads(data)
+                document["model"].update(model_changes)
+                document["runtime"] = runtime or document["runtime"]
+                data = json.dumps(document).encode()
+            new.writestr(item, data)
+    return target
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +128,7 @@ def client(rollout_server: TorchServeInstance, model_store: Path) -> TorchServeC
     versions = {v["modelVersion"] for v in versions_of(client, MODEL)}
     if "1.0" not in versions:
         client.register("efficientnet_lite0-1.0.mar", 8, 20, 1, 60)
+        wait_for_workers(client, MODEL, "1.0", 1, 60)
     client.set_default(MODEL, "1.0")
     for version in versions - {"1.0"}:
         client.unregister(MODEL, version)
@@ -73,9 +141,9 @@ def cli(server: TorchServeInstance, store: Path, history: Path, *args: str) -> i
 
 
 def plan(archive: str, **overrides) -> RolloutPlan:
-    return RolloutPlan(model=MODEL, archive=archive, settings=SETTINGS,
-                       smoke_image=photo_bytes("chelsea.png"), expect_labels=frozenset(CAT_LABELS),
-                       **overrides)
+    return RolloutPlan(**{"model": MODEL, "archive": archive, "settings": SETTINGS,
+                          "smoke_image": photo_bytes("chelsea.png"),
+                          "expect_labels": frozenset(CAT_LABELS), **overrides})
 
 
 def test_rollout_under_load_fails_no_request_and_switches_to_v2(client, archives, model_store):
@@ -189,3 +257,153 @@ def test_list_and_describe_as_json_and_text(rollout_server, client, model_store,
     assert cli(rollout_server, model_store, tmp_path / "h.json", "list") == 0
     text = capsys.readouterr().out
     assert f"{MODEL} 1.0" in text and "worker" in text and "queue:" in text
+
+
+# --- whatever a version costs to start, and whatever goes wrong ------------------------------------
+class FrontendWatch:
+    """Polls /ping and GET /models every 0.5 s; records how long each answer took (None: none
+    within 8 s). A call that waits for workers inside the frontend shows here."""
+
+    def __init__(self, server: TorchServeInstance) -> None:
+        self.server = server
+        self.seconds: list[float | None] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for url in (f"{self.server.inference_url}/ping", f"{self.server.management_url}/models"):
+                started = time.monotonic()
+                try:
+                    requests.get(url, timeout=8).raise_for_status()
+                    self.seconds.append(time.monotonic() - started)
+                except requests.RequestException:
+                    self.seconds.append(None)
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> FrontendWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=20)
+
+
+def test_a_slow_starting_version_rolls_out_and_back_under_load_without_holding_the_frontend(
+        client, archives, rollout_server, model_store, tmp_path):
+    history = tmp_path / "history.json"
+    with load_on_server(client) as load, FrontendWatch(rollout_server) as watch:
+        load.wait_for(10)
+        started = time.monotonic()
+        assert cli(rollout_server, model_store, history, "rollout", MODEL, archives["slow"]) == 0
+        assert time.monotonic() - started > SLOW_START_S
+        load.wait_for(10)
+        assert cli(rollout_server, model_store, history, "rollback", MODEL) == 0
+        load.wait_for(10)
+    assert load.failures() == []
+    answered = [seconds for seconds in watch.seconds if seconds is not None]
+    assert answered and len(answered) == len(watch.seconds) and max(answered) < 3, watch.seconds
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+    kinds = [entry.get("kind", "rollout") for entry in json.loads(history.read_text())]
+    assert kinds == ["rollout", "rollback"]
+
+
+def test_a_version_not_ready_by_its_deadline_is_undone(client, archives, rollout_server,
+                                                      model_store, tmp_path, capsys):
+    history = tmp_path / "history.json"
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        code = cli(rollout_server, model_store, history, "rollout", MODEL, archives["slow"],
+                   "--timeout", "3")
+        load.wait_for(10)
+    assert code == 1
+    error = capsys.readouterr().err
+    assert "workers ready after 3 s" in error and "undone (efficientnet_lite0 1.0 is the default)" in error
+    assert load.failures() == []
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+    assert not history.exists()
+
+
+def test_a_refused_registration_is_undone_and_reported(client, archives, rollout_server,
+                                                      model_store, tmp_path, capsys):
+    code = cli(rollout_server, model_store, tmp_path / "history.json", "rollout", MODEL,
+               archives["refused"])
+    assert code == 1
+    error = capsys.readouterr().err
+    assert "failed and was undone" in error and "POST /models" in error and "Runtime" in error
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+    assert not (tmp_path / "history.json").exists()
+
+
+def test_a_version_whose_workers_die_while_loading_is_undone_without_waiting_out_the_deadline(
+        client, archives, rollout_server, model_store, tmp_path, capsys):
+    started = time.monotonic()
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        code = cli(rollout_server, model_store, tmp_path / "history.json", "rollout", MODEL,
+                   archives["crashing"])
+        load.wait_for(10)
+    assert code == 1
+    assert "died while loading" in capsys.readouterr().err
+    assert time.monotonic() - started < 120   # the deadline is startupTimeout + 30 s = 150 s
+    assert load.failures() == []
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+
+
+def test_an_interrupted_rollout_is_undone_and_exits_non_zero(client, archives, rollout_server,
+                                                             model_store, tmp_path):
+    history = tmp_path / "history.json"
+    command = [sys.executable, "scripts/manage_models.py", "rollout", MODEL, archives["slow"],
+               "--management-url", rollout_server.management_url,
+               "--inference-url", rollout_server.inference_url,
+               "--model-store", str(model_store), "--history", str(history)]
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(versions_of(client, MODEL)) < 2:
+            time.sleep(0.2)
+        time.sleep(1)
+        process.send_signal(signal.SIGINT)   # what Ctrl-C does
+        out, err = process.communicate(timeout=60)
+        load.wait_for(10)
+    assert process.returncode == 130, (out, err)
+    assert "interrupted and undone" in err
+    assert "unregistered efficientnet_lite0 4.0" in out
+    assert load.failures() == []
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+    assert not history.exists()
+
+
+def test_rollback_after_a_scale_down_explains_itself_then_restores_the_workers(
+        client, rollout_server, model_store, tmp_path, capsys):
+    history = tmp_path / "history.json"
+    assert cli(rollout_server, model_store, history, "scale", MODEL, "--workers", "2") == 0
+    assert cli(rollout_server, model_store, history, "scale", MODEL, "--workers", "1") == 0
+    assert client.describe(MODEL, None)[0]["modelVersion"] == "1.0-w1"
+    capsys.readouterr()
+    assert cli(rollout_server, model_store, history, "rollback", MODEL, "--dry-run") == 0
+    said = capsys.readouterr().out
+    assert "undoing the scale of" in said and "1.0 is gone; re-registering it" in said
+    assert "workers 2/2" in said and "[dry-run] POST" in said
+    assert client.describe(MODEL, None)[0]["modelVersion"] == "1.0-w1"   # nothing changed
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        assert cli(rollout_server, model_store, history, "rollback", MODEL) == 0
+        load.wait_for(10)
+    assert load.failures() == []
+    (restored,) = client.describe(MODEL, "all")
+    assert restored["modelVersion"] == "1.0" and restored["minWorkers"] == 2
+    client.scale(MODEL, "1.0", 1, 1)
+
+
+def test_a_rollout_carries_the_current_settings_and_timeouts_forward(client, archives, rollout_server,
+                                                                   model_store, tmp_path):
+    (before,) = client.describe(MODEL, None)
+    assert cli(rollout_server, model_store, tmp_path / "h.json", "rollout", MODEL, archives["v2"]) == 0
+    (after,) = client.describe(MODEL, None)
+    assert after["modelVersion"] == "2.0"
+    for key in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout",
+                "startupTimeout"):
+        assert after[key] == before[key], key

@@ -31,7 +31,7 @@ def test_dry_run_prints_changing_calls_without_sending(capsys):
     client = TorchServeClient(f"http://127.0.0.1:{closed_port()}", dry_run=True)
     client.scale("m", "1.0", 2, 3)
     assert capsys.readouterr().out.strip() == (
-        f"[dry-run] PUT {client.management_url}/models/m/1.0?min_worker=2&max_worker=3&synchronous=true")
+        f"[dry-run] PUT {client.management_url}/models/m/1.0?min_worker=2&max_worker=3&synchronous=false")
 
 
 def test_key_file_expiry_reads_torchserves_nanosecond_timestamps(tmp_path):

@@ -1,0 +1,148 @@
+"""Measure how fast workers become READY: a cold and a warm server start, a killed worker's
+replacement, a scale-up worker, and a new version registered beside the default.
+
+    python scripts/measure_startup.py                       # config/config.properties, model_store/
+    taskset -c 0 python scripts/measure_startup.py          # the same on one core (a slower CPU)
+
+The server runs on free 127.0.0.1 ports in its own run directory (beside a running demo), from
+the archives in the model store; nothing is compiled at start. Each figure is wall time from the
+action to READY workers, polled every 0.1 s; the workers' own `startup_ms` (process start to
+ready, from their log lines) is printed too. Prints a Markdown table; --json for the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.management_client import TorchServeClient  # noqa: E402
+from scripts.rollout import archive_with_version, ready_workers  # noqa: E402
+from scripts.torchserve_config import server_config  # noqa: E402
+from scripts.torchserve_process import (  # noqa: E402
+    DEFAULT_CONFIG,
+    TorchServeInstance,
+    configured_model_store,
+    instance_for,
+    start,
+    stop,
+)
+
+READY_LINE = re.compile(r"worker ready model=(\S+) version=(\S+) device=\S+ runner=(\S+) .*"
+                        r"startup_ms=(\d+)")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not ready after {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def worker_startup_ms(instance: TorchServeInstance) -> list[tuple[str, str, int]]:
+    """(model, runner, startup_ms) of every `worker ready` line in the worker log so far."""
+    log = instance.log_dir / "model_log.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return [(match[1], match[3], int(match[4])) for match in READY_LINE.finditer(text)]
+
+
+def killed_worker_recovery_s(client: TorchServeClient, model: str) -> float:
+    worker = client.describe(model, None)[0]["workers"][0]
+    started = time.monotonic()
+    os.kill(int(worker["pid"]), signal.SIGKILL)
+
+    def replaced() -> bool:
+        workers = client.describe(model, None)[0]["workers"]
+        return any(w["id"] == worker["id"] and w["status"] == "READY" and w["pid"] != worker["pid"]
+                   for w in workers)
+
+    wait_until(replaced)
+    return time.monotonic() - started
+
+
+def scale_up_s(client: TorchServeClient, model: str) -> float:
+    current = client.describe(model, None)[0]
+    count, version = len(current["workers"]), current["modelVersion"]
+    started = time.monotonic()
+    client.scale(model, version, count + 1, count + 1)
+    wait_until(lambda: ready_workers(client.describe(model, version)[0]) >= count + 1)
+    elapsed = time.monotonic() - started
+    client.scale(model, version, current["minWorkers"], current["maxWorkers"])  # idle: no load here
+    return elapsed
+
+
+def new_version_s(client: TorchServeClient, model: str, store: Path) -> float:
+    """Register a copy of the default version's archive as another version, 1 worker, to READY."""
+    current = client.describe(model, None)[0]
+    archive = archive_with_version(store, current["modelUrl"], "startup-check")
+    try:
+        started = time.monotonic()
+        client.register(archive, current["batchSize"], current["maxBatchDelay"], 1,
+                        current["responseTimeout"], current["startupTimeout"])
+        wait_until(lambda: ready_workers(client.describe(model, "startup-check")[0]) >= 1)
+        return time.monotonic() - started
+    finally:
+        client.unregister(model, "startup-check")
+        (store / archive).unlink()
+
+
+def measure(config: Path, store: Path, model: str) -> dict[str, float | list[tuple[str, str, int]]]:
+    figures: dict[str, float | list[tuple[str, str, int]]] = {}
+    with tempfile.TemporaryDirectory(prefix="ts-startup-") as tmp:
+        for run in ("cold", "warm"):
+            run_dir = Path(tmp) / run
+            instance = instance_for(server_config(run_dir, store, config), run_dir)
+            try:
+                started = time.monotonic()
+                start(instance, store)
+                figures[f"{run} start to every worker READY"] = time.monotonic() - started
+                figures[f"{run} worker startup_ms"] = worker_startup_ms(instance)
+                if run == "warm":
+                    client = TorchServeClient(instance.management_url, instance.inference_url)
+                    figures["killed worker (SIGKILL) to READY"] = killed_worker_recovery_s(client, model)
+                    figures["scale-up worker to READY"] = scale_up_s(client, model)
+                    figures["new version registered to READY"] = new_version_s(client, model, store)
+            finally:
+                stop(instance)
+    return figures
+
+
+def markdown(figures: dict[str, float | list[tuple[str, str, int]]]) -> str:
+    lines = ["| what | seconds |", "|---|---|"]
+    for name, value in figures.items():
+        if isinstance(value, list):
+            shown = ", ".join(f"{model} ({runner}) {ms / 1000:.1f}" for model, runner, ms in value)
+        else:
+            shown = f"{value:.1f}"
+        lines.append(f"| {name} | {shown} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--model-store", type=Path, default=None, help="default: the config's")
+    parser.add_argument("--model", default="efficientnet_lite0",
+                        help="the model killed, scaled and registered again")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    store = (args.model_store or configured_model_store(args.config)).resolve()
+    figures = measure(args.config, store, args.model)
+    print(json.dumps(figures, indent=2) if args.json else markdown(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Rollouts, rollbacks, scaling and a killed worker under steady open-loop load, step by step.
+
+    python scripts/rollout_drill.py            # the default classifier of model_store/, 25% load
+    python scripts/rollout_drill.py --load-fraction 0.25 --json
+
+Starts its own TorchServe (config/config.properties on free 127.0.0.1 ports, from the model
+store), measures the classifier's capacity (closed loop, 16 clients), then offers Poisson
+arrivals at a fraction of it for the whole drill while `manage_models.py` runs each step:
+rollout to a second version (a copy of the archive), rollback, scale up by one worker, scale
+down by one (a rollout of a copy with fewer workers), rollback of that scale-down, and a SIGKILL
+of one worker. For each step: the command's time and exit status, requests answered while it
+ran (and for 2 s after), failures (non-200 or no answer within 30 s) and latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.loadgen import LoadTarget, Result, latency_summary, run_closed_loop, run_open_loop  # noqa: E402
+from scripts.manage_models import default_smoke_image  # noqa: E402
+from scripts.manage_models import main as manage  # noqa: E402
+from scripts.management_client import TorchServeClient  # noqa: E402
+from scripts.rollout import archive_with_version  # noqa: E402
+from scripts.torchserve_config import server_config  # noqa: E402
+from scripts.torchserve_process import (  # noqa: E402
+    DEFAULT_CONFIG,
+    TorchServeInstance,
+    configured_model_store,
+    instance_for,
+    start,
+    stop,
+)
+
+SETTLE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    command: str
+    seconds: float
+    exit_code: int
+    started_s: float   # on the load's clock
+    ended_s: float
+
+
+def step_rows(steps: Sequence[Step], results: Sequence[Result]) -> list[dict[str, object]]:
+    rows = []
+    for step in steps:
+        window = [r for r in results if step.started_s <= r.scheduled_s < step.ended_s + SETTLE_S]
+        failed = [r for r in window if r.status != 200]
+        ok = [r.latency_ms for r in window if r.status == 200]
+        summary = latency_summary(ok)
+        rows.append({"step": step.name, "command": step.command, "seconds": round(step.seconds, 1),
+                     "exit": step.exit_code, "requests": len(window), "failed": len(failed),
+                     "failed_statuses": sorted({r.status for r in failed}),
+                     "p50_ms": round(summary["p50"], 1), "p99_ms": round(summary["p99"], 1)})
+    return rows
+
+
+def markdown(rows: Sequence[dict[str, object]]) -> str:
+    lines = ["| step | command | s | exit | requests | failed | p50 ms | p99 ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['step']} | `{r['command']}` | {r['seconds']} | {r['exit']} | {r['requests']} | "
+              f"{r['failed']} | {r['p50_ms']} | {r['p99_ms']} |" for r in rows]
+    return "\n".join(lines)
+
+
+def kill_one_worker(client: TorchServeClient, model: str) -> int:
+    """SIGKILL one worker of the default version; return 0 once it is replaced and READY."""
+    description = client.describe(model, None)[0]
+    worker = description["workers"][0]
+    os.kill(int(worker["pid"]), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        workers = client.describe(model, None)[0]["workers"]
+        if any(w["id"] == worker["id"] and w["pid"] != worker["pid"] and w["status"] == "READY"
+               for w in workers):
+            return 0
+        time.sleep(0.1)
+    return 1
+
+
+def run_steps(instance: TorchServeInstance, store: Path, model: str, clock: Callable[[], float],
+              history: Path) -> list[Step]:
+    client = TorchServeClient(instance.management_url, instance.inference_url)
+    current = client.describe(model, None)[0]
+    workers = len(current["workers"])
+    second = archive_with_version(store, current["modelUrl"], f"{current['modelVersion']}-drill")
+    common = ["--management-url", instance.management_url, "--inference-url", instance.inference_url,
+              "--model-store", str(store), "--history", str(history)]
+    commands: list[tuple[str, list[str]]] = [
+        ("rollout", ["rollout", model, second]),
+        ("rollback", ["rollback", model]),
+        ("scale up", ["scale", model, "--workers", str(workers + 1)]),
+        ("scale down", ["scale", model, "--workers", str(workers)]),
+        ("rollback of the scale-down", ["rollback", model]),
+    ]
+    steps = []
+    for name, arguments in commands:
+        started, started_s = time.monotonic(), clock()
+        code = manage([*arguments, *common])
+        steps.append(Step(name, "manage_models.py " + " ".join(arguments), time.monotonic() - started,
+                          code, started_s, clock()))
+        time.sleep(SETTLE_S)
+    started, started_s = time.monotonic(), clock()
+    code = kill_one_worker(client, model)
+    steps.append(Step("SIGKILL one worker", "kill -9 <worker pid>", time.monotonic() - started, code,
+                      started_s, clock()))
+    time.sleep(SETTLE_S)
+    return steps
+
+
+def drill(config: Path, store: Path, model: str, load_fraction: float) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="ts-drill-") as tmp:
+        run_dir = Path(tmp) / "run"
+        instance = instance_for(server_config(run_dir, store, config), run_dir)
+        start(instance, store)
+        try:
+            target = LoadTarget(f"{instance.inference_url}/predictions/{model}",
+                                [default_smoke_image().read_bytes()], timeout_s=30.0)
+            run_closed_loop(target, clients=16, duration_s=3, max_requests=100_000)  # warm-up
+            capacity = run_closed_loop(target, clients=16, duration_s=8, max_requests=100_000)
+            rate = capacity.throughput_rps * load_fraction
+            results: list[Result] = []
+            stop_load = threading.Event()
+            started = time.perf_counter()
+            load = threading.Thread(target=run_open_loop, daemon=True, kwargs={
+                "target": target, "rate_rps": rate, "duration_s": 3600, "max_requests": 10_000_000,
+                "stop": stop_load, "results": results, "started": started})
+            load.start()
+            try:
+                steps = run_steps(instance, store, model, lambda: time.perf_counter() - started,
+                                  Path(tmp) / "history.json")
+            finally:
+                stop_load.set()
+                load.join(timeout=60)
+            return {"capacity_rps": round(capacity.throughput_rps, 1), "rate_rps": round(rate, 1),
+                    "steps": step_rows(steps, results)}
+        finally:
+            stop(instance)
+            for leftover in store.glob(f"{model}-*-drill*.mar"):
+                leftover.unlink()
+            for leftover in store.glob(f"{model}-*-w*.mar"):
+                leftover.unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--model-store", type=Path, default=None, help="default: the config's")
+    parser.add_argument("--model", default="efficientnet_lite0")
+    parser.add_argument("--load-fraction", type=float, default=0.25,
+                        help="offered load as a fraction of the measured capacity")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    store = (args.model_store or configured_model_store(args.config)).resolve()
+    outcome = drill(args.config, store, args.model, args.load_fraction)
+    if args.json:
+        print(json.dumps(outcome, indent=2))
+    else:
+        print(f"capacity {outcome['capacity_rps']} requests/s; offered {outcome['rate_rps']}/s")
+        print(markdown(outcome["steps"]))  # type: ignore[arg-type]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

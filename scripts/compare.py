@@ -82,7 +82,7 @@ def register(client: TorchServeClient, store: Path, archive: str, model_name: st
                                     "max_batch_delay": settings.max_batch_delay_ms,
                                     "initial_workers": settings.min_workers,
                                     "response_timeout": settings.response_timeout_s,
-                                    "synchronous": "true"})
+                                    "synchronous": "false"})
     wait_for_workers(client, model_name, version, settings.min_workers, 300)
 
 

@@ -254,10 +254,9 @@ def compile_request(description: ModelDescription) -> CompileRequest | None:
                           (3, size, size), parsed.channels_last)
 
 
-def compiled_packages(description: ModelDescription, num_classes: int | None, weights: Path,
-                      directory: Path) -> list[CompiledPackage]:
-    """Build the description's compiled packages into `directory` ([] when it asks for none)."""
-    request = compile_request(description)
+def compiled_packages(description: ModelDescription, request: CompileRequest | None,
+                      num_classes: int | None, weights: Path, directory: Path) -> list[CompiledPackage]:
+    """Build the packages `request` asks for into `directory` ([] for None)."""
     if request is None:
         return []
     model = load_model(model_source(description, num_classes), weights, torch.device("cpu"))
@@ -288,6 +287,7 @@ def handler_section(description: ModelDescription, num_classes: int | None,
 
 def stage_files(description: ModelDescription, staging: Path) -> Path:
     """Write weights, labels, YAML and the handlers package into `staging`; return the weights."""
+    request = compile_request(description)  # checked before any weights are made
     labels = resolve_labels(description.labels)
     num_classes = description.num_classes
     if description.source in ("timm", "torchvision"):
@@ -305,7 +305,7 @@ def stage_files(description: ModelDescription, staging: Path) -> Path:
     shutil.copytree(HANDLER_PACKAGE, extra / "handlers",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (extra / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
-    packages = compiled_packages(description, num_classes, weights, extra / "compiled")
+    packages = compiled_packages(description, request, num_classes, weights, extra / "compiled")
     model_yaml = {**frontend_settings(description.serving),
                   "handler": handler_section(description, num_classes, packages)}
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")

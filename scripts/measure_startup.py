@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
 import sys
 import tempfile
 import time
@@ -27,7 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from scripts.management_client import TorchServeClient  # noqa: E402
-from scripts.rollout import archive_with_version, ready_workers  # noqa: E402
+from scripts.rollout import archive_with_version, kill_worker_and_wait, ready_workers  # noqa: E402
 from scripts.torchserve_config import server_config  # noqa: E402
 from scripts.torchserve_process import (  # noqa: E402
     DEFAULT_CONFIG,
@@ -55,20 +53,6 @@ def worker_startup_ms(instance: TorchServeInstance) -> list[tuple[str, str, int]
     log = instance.log_dir / "model_log.log"
     text = log.read_text(errors="replace") if log.is_file() else ""
     return [(match[1], match[3], int(match[4])) for match in READY_LINE.finditer(text)]
-
-
-def killed_worker_recovery_s(client: TorchServeClient, model: str) -> float:
-    worker = client.describe(model, None)[0]["workers"][0]
-    started = time.monotonic()
-    os.kill(int(worker["pid"]), signal.SIGKILL)
-
-    def replaced() -> bool:
-        workers = client.describe(model, None)[0]["workers"]
-        return any(w["id"] == worker["id"] and w["status"] == "READY" and w["pid"] != worker["pid"]
-                   for w in workers)
-
-    wait_until(replaced)
-    return time.monotonic() - started
 
 
 def scale_up_s(client: TorchServeClient, model: str) -> float:
@@ -110,7 +94,7 @@ def measure(config: Path, store: Path, model: str) -> dict[str, float | list[tup
                 figures[f"{run} worker startup_ms"] = worker_startup_ms(instance)
                 if run == "warm":
                     client = TorchServeClient(instance.management_url, instance.inference_url)
-                    figures["killed worker (SIGKILL) to READY"] = killed_worker_recovery_s(client, model)
+                    figures["killed worker (SIGKILL) to READY"] = kill_worker_and_wait(client, model)
                     figures["scale-up worker to READY"] = scale_up_s(client, model)
                     figures["new version registered to READY"] = new_version_s(client, model, store)
             finally:

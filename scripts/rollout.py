@@ -15,6 +15,7 @@ Each completed change (rollout, rollback, scaling) is appended to a history file
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import tempfile
@@ -168,6 +169,21 @@ def wait_for_workers(client: TorchServeClient, model: str, version: str, count: 
             raise RolloutError(f"{model} {version}: {ready} of {count} workers "
                                f"ready after {timeout_s:.0f} s")
         time.sleep(0.5)
+
+
+def kill_worker_and_wait(client: TorchServeClient, model: str, timeout_s: float = 120.0) -> float:
+    """SIGKILL the first worker of the default version (the server must be on this machine) and
+    return the seconds until TorchServe's replacement for it is READY; RolloutError after
+    `timeout_s`."""
+    worker = client.describe(model, None)[0]["workers"][0]
+    started = time.monotonic()
+    os.kill(int(worker["pid"]), signal.SIGKILL)
+    while time.monotonic() - started < timeout_s:
+        if any(w["id"] == worker["id"] and w["pid"] != worker["pid"] and w["status"] == "READY"
+               for w in client.describe(model, None)[0]["workers"]):
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise RolloutError(f"{model}: worker {worker['id']} not replaced after {timeout_s:.0f} s")
 
 
 def wait_for_empty_queue(pending: Callable[[], int], timeout_s: float, grace_s: float) -> bool:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
 import tempfile
 import threading
@@ -33,7 +31,7 @@ from scripts.loadgen import LoadTarget, Result, latency_summary, run_closed_loop
 from scripts.manage_models import default_smoke_image  # noqa: E402
 from scripts.manage_models import main as manage  # noqa: E402
 from scripts.management_client import TorchServeClient  # noqa: E402
-from scripts.rollout import archive_with_version  # noqa: E402
+from scripts.rollout import archive_with_version, kill_worker_and_wait  # noqa: E402
 from scripts.torchserve_config import server_config  # noqa: E402
 from scripts.torchserve_process import (  # noqa: E402
     DEFAULT_CONFIG,
@@ -79,21 +77,6 @@ def markdown(rows: Sequence[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def kill_one_worker(client: TorchServeClient, model: str) -> int:
-    """SIGKILL one worker of the default version; return 0 once it is replaced and READY."""
-    description = client.describe(model, None)[0]
-    worker = description["workers"][0]
-    os.kill(int(worker["pid"]), signal.SIGKILL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        workers = client.describe(model, None)[0]["workers"]
-        if any(w["id"] == worker["id"] and w["pid"] != worker["pid"] and w["status"] == "READY"
-               for w in workers):
-            return 0
-        time.sleep(0.1)
-    return 1
-
-
 def run_steps(instance: TorchServeInstance, store: Path, model: str, clock: Callable[[], float],
               history: Path) -> list[Step]:
     client = TorchServeClient(instance.management_url, instance.inference_url)
@@ -116,10 +99,9 @@ def run_steps(instance: TorchServeInstance, store: Path, model: str, clock: Call
         steps.append(Step(name, "manage_models.py " + " ".join(arguments), time.monotonic() - started,
                           code, started_s, clock()))
         time.sleep(SETTLE_S)
-    started, started_s = time.monotonic(), clock()
-    code = kill_one_worker(client, model)
-    steps.append(Step("SIGKILL one worker", "kill -9 <worker pid>", time.monotonic() - started, code,
-                      started_s, clock()))
+    started_s = clock()
+    seconds = kill_worker_and_wait(client, model)
+    steps.append(Step("SIGKILL one worker", "kill -9 <worker pid>", seconds, 0, started_s, clock()))
     time.sleep(SETTLE_S)
     return steps
 

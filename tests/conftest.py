@@ -1,4 +1,9 @@
-"""Session-wide fixtures: archives are built once, with the real torch-model-archiver."""
+"""Session-wide fixtures: archives are built once, with the real torch-model-archiver.
+
+Tiers: tests that use the real archives (`model_store`, `classifier`: about a minute to build)
+are marked `slow` here, as are modules marked `slow` themselves; server tests are marked
+`server`. `pytest -m "not slow and not server"` is the fast tier: pure code and tiny models.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,21 @@ from pathlib import Path
 import pytest
 
 from handlers.image_classifier import ImageClassifierHandler
-from scripts.build_archives import DEFAULT_DESCRIPTIONS, build_archive, load_descriptions
-from tests.archives import load_classifier
+from scripts.build_archives import (
+    DEFAULT_DESCRIPTIONS,
+    build_archive,
+    load_descriptions,
+    parse_description,
+)
+from tests.archives import load_classifier, load_classifier_dir, stage_model_dir
+
+HEAVY_FIXTURES = {"model_store", "classifier"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +45,15 @@ def classifier(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     """The default classifier archive, loaded in-process (real weights, CPU, compiled package)."""
     return load_classifier(model_store / "efficientnet_lite0-1.0.mar",
                            tmp_path_factory.mktemp("extracted"))
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory: pytest.TempPathFactory) -> ImageClassifierHandler:
+    """A classifier handler on timm's tiny `test_efficientnet` (fixed seed 1: the five bundled
+    photos get five different answers), 64 px input, eager: for handler mechanics that need no
+    real weights. Staged in about a second."""
+    description = parse_description({
+        "name": "tiny", "version": "1.0", "labels": "imagenet",
+        "model": {"source": "timm", "architecture": "test_efficientnet", "weights": "fixed-seed:1"},
+        "handler": {"preprocess": {"resize_size": 72, "input_size": 64}}})
+    return load_classifier_dir(stage_model_dir(description, tmp_path_factory.mktemp("tiny")))

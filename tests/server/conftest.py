@@ -1,8 +1,4 @@
-"""A real TorchServe (Java frontend + Python workers) on free 127.0.0.1 ports, shared per session.
-
-Its configuration is the project's config/config.properties with only the addresses, ports and
-model store changed, so the tests exercise the configuration users start from.
-"""
+"""The session's real TorchServe, shared by the server tests (see tests/server/servers.py)."""
 
 from __future__ import annotations
 
@@ -11,22 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.build_archives import DEFAULT_CONFIG
-from scripts.torchserve_config import server_config
-from scripts.torchserve_process import TorchServeInstance, instance_for, start, stop
-
-
-def started_server(run_dir: Path, model_store: Path, base_config: Path = DEFAULT_CONFIG,
-                   **overrides: str) -> Iterator[TorchServeInstance]:
-    instance = instance_for(server_config(run_dir, model_store, base_config, **overrides), run_dir)
-    try:
-        start(instance, model_store, timeout_s=240)
-        yield instance
-    finally:
-        stop(instance)
+from scripts.torchserve_process import TorchServeInstance
+from tests.server.servers import started_server
 
 
 @pytest.fixture(scope="session")
-def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory
-                      ) -> Iterator[TorchServeInstance]:
+def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServeInstance]:
     yield from started_server(tmp_path_factory.mktemp("torchserve"), model_store)

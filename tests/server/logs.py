@@ -13,13 +13,16 @@ def log_lines(path: Path) -> list[str]:
     return path.read_text(errors="replace").splitlines() if path.is_file() else []
 
 
-def wait_for_log(path: Path, ready: Callable[[list[str]], bool], timeout_s: float = 10.0) -> list[str]:
-    """The log's lines once `ready(lines)` holds, or as they are after `timeout_s`."""
+def wait_for_log(path: Path, ready: Callable[[list[str]], bool], timeout_s: float = 10.0,
+                 poll_s: float = 0.05) -> list[str]:
+    """The log's lines once `ready(lines)` holds, or as they are after `timeout_s` (read every
+    `poll_s`)."""
     deadline = time.monotonic() + timeout_s
     while True:
         lines = log_lines(path)
         if ready(lines) or time.monotonic() > deadline:
             return lines
+        time.sleep(poll_s)
 
 
 def rejected_requests(model_log_lines: list[str]) -> int:

@@ -15,8 +15,8 @@ import requests
 from scripts.loadgen import LoadTarget, run_closed_loop, run_open_loop
 from scripts.torchserve_process import TorchServeInstance, pending_requests, ping, stop
 from tests.images import photo_bytes
-from tests.server.conftest import started_server
 from tests.server.load import ContinuousLoad
+from tests.server.servers import started_server
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
@@ -114,17 +114,21 @@ def own_server(model_store: Path, tmp_path) -> Iterator[TorchServeInstance]:
 def wait_until_queued(server: TorchServeInstance) -> None:
     """Until requests wait in the queue (so a batch is being computed and more are queued)."""
     deadline = time.monotonic() + 30
-    while pending_requests(server) == 0 and time.monotonic() < deadline:
+    while pending_requests(server) == 0:
+        assert time.monotonic() < deadline, "no request was ever queued"
         time.sleep(0.02)
 
 
 def test_torchserve_stop_drops_requests_in_flight(own_server):
-    """What TorchServe 0.12 itself does: `torchserve --stop` closes every connection at once."""
+    """What TorchServe 0.12 itself does: `torchserve --stop` closes every connection at once, so
+    requests still queued when it stops get no answer (how many depends on timing; at least the
+    ones seen queued cannot all have been answered)."""
     statuses, waiter = send_burst(own_server, 24)
     wait_until_queued(own_server)
     stop(own_server, drain_timeout_s=0)
     waiter.join()
-    assert len(statuses) == 24 and statuses.count(0) >= 16, statuses
+    assert len(statuses) == 24 and statuses.count(0) >= 1, statuses
+    assert set(statuses) <= {0, 200}, statuses
 
 
 def test_a_draining_stop_answers_the_requests_in_flight(own_server):

@@ -12,7 +12,7 @@ from scripts.build_archives import PRODUCTION_CONFIG
 from scripts.torchserve_config import read_properties
 from scripts.torchserve_process import TorchServeInstance
 from tests.images import photo_bytes
-from tests.server.conftest import started_server
+from tests.server.servers import started_server
 
 pytestmark = pytest.mark.server
 
@@ -31,7 +31,14 @@ def test_the_production_config_says_what_it_should():
     assert all(properties[key].startswith("http://127.0.0.1:")
                for key in ("inference_address", "management_address", "metrics_address"))
     assert properties["max_request_size"] == "6553500"
-    assert "model_store" in properties["allowed_urls"]
+    assert properties["allowed_urls"].startswith("file://MODEL_STORE_PATH/")  # written at start
+
+
+def test_the_server_runs_with_allowed_urls_restricted_to_its_own_model_store(production_server,
+                                                                            model_store):
+    effective = read_properties(production_server.effective_config)
+    assert effective["allowed_urls"] == f"file://\\\\Q{model_store.resolve()}\\\\E/[^/]+\\\\.mar"
+    assert effective["model_store"] == str(model_store.resolve())
 
 
 def test_registering_and_deleting_models_answer_405(production_server):

@@ -42,8 +42,8 @@ from scripts.rollout import (
 )
 from scripts.torchserve_process import TorchServeInstance
 from tests.images import CAT_LABELS, photo_bytes
-from tests.server.conftest import started_server
 from tests.server.load import ContinuousLoad
+from tests.server.servers import started_server
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"

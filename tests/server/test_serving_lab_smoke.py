@@ -14,7 +14,7 @@ from scripts.loadgen import main as loadgen
 from scripts.management_client import TorchServeClient
 from scripts.rollout import default_version
 from scripts.torchserve_process import TorchServeInstance
-from tests.server.conftest import started_server
+from tests.server.servers import started_server
 
 pytestmark = pytest.mark.server
 

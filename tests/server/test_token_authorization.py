@@ -14,7 +14,7 @@ from scripts.management_client import KeyFile, TorchServeClient
 from scripts.torchserve_config import read_properties
 from scripts.torchserve_process import TorchServeInstance
 from tests.images import photo_bytes
-from tests.server.conftest import started_server
+from tests.server.servers import started_server
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"

@@ -72,6 +72,7 @@ def assert_equivalent(served: list[dict], eager: dict[str, torch.Tensor]) -> Non
     assert_same_detections(served, rows_from_eager(eager))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", sorted(FAMILIES))
 def test_handler_answers_equal_the_eager_torchvision_model(architecture, tmp_path):
     description = describe(architecture, FAMILIES[architecture])

@@ -87,6 +87,7 @@ def photos() -> list[bytes]:
     return [photo_bytes(name) for name in PHOTOS]
 
 
+@pytest.mark.slow
 def test_bf16_answers_match_fp32_on_real_photos(eager_fp32, photos, tmp_path, monkeypatch):
     # Forced on, so the bf16 numerics are checked on any CPU (emulated where not native).
     monkeypatch.setattr(model_loading, "cpu_has_native_bf16", lambda: True)

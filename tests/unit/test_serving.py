@@ -39,48 +39,49 @@ def answers(handler: ImageClassifierHandler, rows: list[dict]) -> tuple[list, Lo
     return [json.loads(body) for body in handler.handle(rows, context)], context
 
 
-def test_out_of_memory_splits_the_batch_and_every_request_still_gets_its_answer(classifier,
+def test_out_of_memory_splits_the_batch_and_every_request_still_gets_its_answer(tiny_classifier,
                                                                                 monkeypatch):
     rows = [{"body": bytearray(photo_bytes(name))} for name in PHOTOS]
-    expected = [answers(classifier, [row])[0][0] for row in rows]
-    wrapper = OutOfMemoryAbove(classifier.model, limit=2)
-    monkeypatch.setattr(classifier, "model", wrapper)
-    served, context = answers(classifier, rows)
+    expected = [answers(tiny_classifier, [row])[0][0] for row in rows]
+    assert len({answer[0]["index"] for answer in expected}) == len(PHOTOS)  # a mix-up would show
+    wrapper = OutOfMemoryAbove(tiny_classifier.model, limit=2)
+    monkeypatch.setattr(tiny_classifier, "model", wrapper)
+    served, context = answers(tiny_classifier, rows)
     assert [context.status(i) for i in range(5)] == [200] * 5
     for got, want in zip(served, expected, strict=True):
         assert [c["index"] for c in got] == [c["index"] for c in want]
     assert wrapper.batch_sizes == [5, 2, 3, 1, 2]  # 5 fails -> 2 fits, 3 fails -> 1 + 2 fit
 
 
-def test_a_single_request_that_does_not_fit_is_a_server_fault(classifier, monkeypatch):
-    monkeypatch.setattr(classifier, "model", OutOfMemoryAbove(classifier.model, limit=0))
+def test_a_single_request_that_does_not_fit_is_a_server_fault(tiny_classifier, monkeypatch):
+    monkeypatch.setattr(tiny_classifier, "model", OutOfMemoryAbove(tiny_classifier.model, limit=0))
     with pytest.raises(torch.cuda.OutOfMemoryError):
-        answers(classifier, [{"body": bytearray(photo_bytes("coffee.png"))}])
+        answers(tiny_classifier, [{"body": bytearray(photo_bytes("coffee.png"))}])
 
 
-def test_one_structured_log_line_per_batch(classifier, caplog):
+def test_one_structured_log_line_per_batch(tiny_classifier, caplog):
     rows = [{"body": bytearray(photo_bytes("coffee.png"))}, {"body": bytearray(b"junk")}]
     with caplog.at_level(logging.INFO, logger="handlers.serving"):
-        answers(classifier, rows)
+        answers(tiny_classifier, rows)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch ")]
     record = json.loads(line.removeprefix("batch "))
     assert (record["model"], record["version"], record["size"], record["answered"]) == (
-        "efficientnet_lite0", "1.0", 2, 1)
+        "tiny", "1.0", 2, 1)
     assert record["rejected"] == {"NotAnImage": 1}
     assert record["stage_ms"]["inference"] > 0
 
 
-def test_batch_logging_can_be_turned_off(classifier, caplog, monkeypatch):
-    monkeypatch.setattr(classifier, "log_batches", False)
+def test_batch_logging_can_be_turned_off(tiny_classifier, caplog, monkeypatch):
+    monkeypatch.setattr(tiny_classifier, "log_batches", False)
     with caplog.at_level(logging.INFO, logger="handlers.serving"):
-        answers(classifier, [{"body": bytearray(photo_bytes("coffee.png"))}])
+        answers(tiny_classifier, [{"body": bytearray(photo_bytes("coffee.png"))}])
     assert not [r for r in caplog.records if r.getMessage().startswith("batch ")]
 
 
-def test_payloads_never_reach_the_log(classifier, caplog):
+def test_payloads_never_reach_the_log(tiny_classifier, caplog):
     marker = b"PRIVATE-PAYLOAD-7f3a9c"
     with caplog.at_level(logging.DEBUG):
-        answers(classifier, [{"body": bytearray(marker)}, {"body": {"data": "UFJJVkFURQ=="}}])
+        answers(tiny_classifier, [{"body": bytearray(marker)}, {"body": {"data": "UFJJVkFURQ=="}}])
     assert "PRIVATE-PAYLOAD" not in caplog.text and "UFJJVkFURQ" not in caplog.text
 
 

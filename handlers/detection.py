@@ -1,7 +1,9 @@
-"""Detection postprocessing: YOLO-style output decoding, per-request filtering, JSON answers.
+"""Detection data and postprocessing steps: per-request options, the three-tensor bundle of one
+image's detections, YOLO-style candidate decoding, per-request selection, per-class NMS, JSON rows.
 
 Boxes are `float[N, 4]` xyxy; scores `float[N]`; class indices `int64[N]`; all three stay on the
-device they came from until `format_detections` moves the final few to the CPU.
+device they came from until `format_detections` moves the final few to the CPU. Which steps run
+for which kind of model is decided in `handlers.detector_formats`.
 """
 
 from __future__ import annotations
@@ -42,20 +44,25 @@ class DetectorInput:
     letterboxes: list[Letterbox] | None = None
 
 
-class Detections(NamedTuple):
+class DetectionTensors(NamedTuple):
+    """One image's detections as three aligned tensors (N rows each); see `Detection` for one
+    row as the JSON answer shows it."""
+
     boxes_xyxy: torch.Tensor
     scores: torch.Tensor
     class_indices: torch.Tensor
 
 
 class Detection(TypedDict):
+    """One detection in the JSON answer."""
+
     label: str
     index: int
     score: float
     box: list[float]
 
 
-def select_detections(detections: Detections, options: DetectionOptions) -> Detections:
+def select_detections(detections: DetectionTensors, options: DetectionOptions) -> DetectionTensors:
     """Keep scores >= threshold and (when given) the requested classes; best first; at most
     `max_detections`. Returns new tensors."""
     keep = detections.scores >= options.score_threshold
@@ -65,31 +72,31 @@ def select_detections(detections: Detections, options: DetectionOptions) -> Dete
         keep &= torch.isin(detections.class_indices, wanted)
     scores = detections.scores[keep]
     order = torch.argsort(scores, descending=True, stable=True)[: options.max_detections]
-    return Detections(detections.boxes_xyxy[keep][order], scores[order],
+    return DetectionTensors(detections.boxes_xyxy[keep][order], scores[order],
                       detections.class_indices[keep][order])
 
 
-def decode_yolo_output(raw: torch.Tensor, options: DetectionOptions) -> Detections:
-    """One image's `float[4 + C, N]` YOLO output (cx, cy, w, h in input pixels, then C class scores)
-    -> boxes after per-class NMS, in input pixels, best first.
-
-    Each of the N candidates keeps its best class. Thresholds and the class filter are applied
-    before NMS (as Ultralytics does), the cap after it.
-    """
+def yolo_candidates(raw: torch.Tensor) -> DetectionTensors:
+    """One image's `float[4 + C, N]` YOLO output (cx, cy, w, h in input pixels, then C class
+    scores) -> N candidates, each with its best class, boxes xyxy in input pixels, unfiltered."""
     if raw.ndim != 2 or raw.shape[0] < 5:
         raise ValueError(f"expected a YOLO output of shape [4 + C, N], got {tuple(raw.shape)}")
     candidates = raw.transpose(0, 1).float()
     scores, class_indices = candidates[:, 4:].max(dim=1)
-    boxes = box_convert(candidates[:, :4], in_fmt="cxcywh", out_fmt="xyxy")
-    unlimited = DetectionOptions(options.score_threshold, options.iou_threshold,
-                                 max_detections=candidates.shape[0], classes=options.classes)
-    boxes, scores, class_indices = select_detections(Detections(boxes, scores, class_indices),
-                                                     unlimited)
-    keep = batched_nms(boxes, scores, class_indices, options.iou_threshold)[: options.max_detections]
-    return Detections(boxes[keep], scores[keep], class_indices[keep])
+    return DetectionTensors(box_convert(candidates[:, :4], in_fmt="cxcywh", out_fmt="xyxy"), scores,
+                            class_indices)
 
 
-def format_detections(detections: Detections, labels: Sequence[str]) -> list[Detection]:
+def suppress_overlaps(detections: DetectionTensors, iou_threshold: float,
+                      max_detections: int) -> DetectionTensors:
+    """Per-class non-maximum suppression, then the best `max_detections`, best first."""
+    keep = batched_nms(detections.boxes_xyxy, detections.scores, detections.class_indices,
+                       iou_threshold)[:max_detections]
+    return DetectionTensors(detections.boxes_xyxy[keep], detections.scores[keep],
+                            detections.class_indices[keep])
+
+
+def format_detections(detections: DetectionTensors, labels: Sequence[str]) -> list[Detection]:
     """Detections -> JSON-ready dicts, in the order given (best first)."""
     boxes = detections.boxes_xyxy.float().cpu().tolist()
     scores = detections.scores.float().cpu().tolist()

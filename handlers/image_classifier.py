@@ -10,35 +10,27 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from handlers.classification import ClassScore, top_k_classes
 from handlers.compiled_model import MachineTarget, Runner, compiled_or_eager
 from handlers.decode import decode_image_bytes
-from handlers.model_loading import autocast, load_labels, load_model, resolve_precision
+from handlers.model_loading import autocast
 from handlers.request_body import extract_image_bytes
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.settings import ClassifierSettings, parse_classifier_settings
 from handlers.transforms import preprocess_classification_batch
 
 
-class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, torch.Tensor]):
-    settings: ClassifierSettings
-    eager_model: nn.Module
+class ImageClassifierHandler(
+        BatchedImageHandler[torch.Tensor, torch.Tensor, torch.Tensor, ClassifierSettings]):
     model: Runner  # the compiled package when it may run here, else `eager_forward`
-    labels: list[str]
-    precision: str  # what runs here: settings.precision where this device supports it, else fp32
 
-    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
-        self.settings = parse_classifier_settings(handler_settings)
-        if serialized_file is None:
-            raise ValueError("the archive has no serialized model file (--serialized-file)")
-        self.labels = load_labels(self.model_dir / self.settings.labels_file)
-        self.precision = resolve_precision(self.settings.precision, self.device)
-        model = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
+    def parse_settings(self, handler_section: Mapping[str, Any]) -> ClassifierSettings:
+        return parse_classifier_settings(handler_section)
+
+    def prepare_model(self) -> None:
         if self.settings.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        self.eager_model = model
+            self.network = self.network.to(memory_format=torch.channels_last)
         timeout_s = self.settings.compile.load_timeout_s if self.settings.compile else 0.0
         self.model, self.runner, self.compiled_refusal = compiled_or_eager(
             self.settings.compiled_packages, self.model_dir,
@@ -64,7 +56,7 @@ class ImageClassifierHandler(BatchedImageHandler[torch.Tensor, torch.Tensor, tor
 
     def eager_forward(self, batch: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.precision):
-            return self.eager_model(batch)
+            return self.network(batch)
 
     def infer(self, model_input: torch.Tensor) -> torch.Tensor:
         return self.model(model_input)

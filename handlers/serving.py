@@ -1,13 +1,15 @@
 """The one TorchServe-facing class: the batch contract, per-request statuses, timing, warm-up.
 
 Subclasses implement small hooks, each with one job:
-`load(handler_settings)` -> `decode_request(row, header)` per request -> `preprocess(items)` ->
-`infer(model_input)` -> `postprocess(model_output, model_input, items)`.
+`parse_settings(handler_section)` and `prepare_model()` (the shared loading is `load`) ->
+`decode_request(row, header)` per request -> `preprocess(items)` -> `infer(model_input)` ->
+`postprocess(model_output, model_input, items)`.
 `handle` guarantees one answer per request: a ClientError gets that request a 4xx JSON body,
 everything else in the batch is answered normally. Anything else raised is a server fault and
 fails the batch, as TorchServe reports it (503, or 507 for CUDA errors).
 
-This module does not import `ts`; it is typed against the small `TorchServeContext` protocol.
+Typed against the small `TorchServeContext` protocol, not `ts.context.Context`; the one import
+from TorchServe (metric types) happens only when a metrics cache is there to receive metrics.
 """
 
 from __future__ import annotations
@@ -23,19 +25,21 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import psutil
 import torch
+from torch import nn
 
 from handlers.batch_record import STAGES, BatchRecord
 from handlers.batching import decode_each, merge_outcomes
 from handlers.compiled_model import CompiledModelRefused, RunnerKind
 from handlers.errors import ClientError
-from handlers.model_loading import resolve_device
-from handlers.settings import parse_log_batches, parse_torch_threads
+from handlers.model_loading import load_labels, load_model, resolve_device, resolve_precision
+from handlers.settings import HandlerSettings, parse_log_batches, parse_torch_threads
 
 logger = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
 ModelInput = TypeVar("ModelInput")
 ModelOutput = TypeVar("ModelOutput")
+Settings = TypeVar("Settings", bound=HandlerSettings)
 HeaderReader = Callable[[str], "str | None"]
 JSON_CONTENT_TYPE = "application/json"
 BATCH_SIZE_HEADER = "X-Batch-Size"
@@ -101,8 +105,13 @@ class TorchServeContext(Protocol):
     def set_response_header(self, idx: int, key: str, value: str) -> None: ...
 
 
-class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
+class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings]):
     """Template for a batched handler; see the module docstring for the hook order."""
+
+    settings: Settings
+    labels: list[str]
+    network: nn.Module  # the archive's network, loaded eagerly onto `self.device`
+    precision: str      # what runs here: settings.precision where this device supports it, else fp32
 
     def __init__(self) -> None:
         self.initialized = False
@@ -197,10 +206,24 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput]):
                        len(items) - half)
         return self.answer_items(items[:half], record) + self.answer_items(items[half:], record)
 
+    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
+        """Parse the settings, read the class names, choose the precision, load the network onto
+        `self.device`, then `prepare_model`."""
+        self.settings = self.parse_settings(handler_settings)
+        if serialized_file is None:
+            raise ValueError("the archive has no serialized model file (--serialized-file)")
+        self.labels = load_labels(self.model_dir / self.settings.labels_file)
+        self.precision = resolve_precision(self.settings.precision, self.device)
+        self.network = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
+        self.prepare_model()
+
     # --- hooks ----------------------------------------------------------------------------
     @abstractmethod
-    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
-        """Parse the settings and load the model onto `self.device`."""
+    def parse_settings(self, handler_section: Mapping[str, Any]) -> Settings:
+        """The archive's `handler:` section -> this handler's settings (SettingsError if bad)."""
+
+    def prepare_model(self) -> None:
+        """After `self.network` is loaded: memory format, a compiled package, ... (default: none)."""
 
     @abstractmethod
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> Item:

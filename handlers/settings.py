@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from handlers.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
 from handlers.detection import DetectionOptions
 
-MODEL_SOURCES = ("timm", "torchvision", "torchscript", "export")
-DETECTION_OUTPUTS = ("torchvision", "yolo")
-PRECISIONS = ("fp32", "fp16", "bf16")
+ModelSourceKind = Literal["timm", "torchvision", "torchscript", "export"]
+DetectionOutput = Literal["torchvision", "yolo"]
+Precision = Literal["fp32", "fp16", "bf16"]
+CpuTargetName = Literal["avx2", "avx512"]
 DEFAULT_COMPILED_LOAD_TIMEOUT_S = 30.0
 # TorchServe's own default max_request_size; keep the two consistent.
 DEFAULT_MAX_BODY_BYTES = 6_553_500
@@ -43,7 +44,7 @@ class ImageLimits:
 class ModelSource:
     """Where the network comes from: an architecture name plus a state dict, or a whole program."""
 
-    source: str
+    source: ModelSourceKind
     architecture: str | None
     num_classes: int | None
     # Extra keyword arguments for the architecture's builder, e.g. a detector's score_thresh.
@@ -55,23 +56,30 @@ class CompileSettings:
     """`compile:` ahead of time: `scripts/build_archives.py` builds AOTInductor packages into the
     archive; a worker loads one (never compiles) or serves eagerly. See handlers.compiled_model."""
 
-    cpu_target: str = "avx2"                        # a key of compiled_model.CPU_TARGETS
+    cpu_target: CpuTargetName = "avx2"              # a key of compiled_model.CPU_TARGETS
     load_timeout_s: float = DEFAULT_COMPILED_LOAD_TIMEOUT_S
 
 
 @dataclass(frozen=True)
-class ClassifierSettings:
+class HandlerSettings:
+    """What every handler's settings have: the network, its class names, the precision asked
+    for (what runs depends on the device: model_loading.resolve_precision), request limits."""
+
     model: ModelSource
     labels_file: str
+    precision: Precision
+    limits: ImageLimits
+
+
+@dataclass(frozen=True)
+class ClassifierSettings(HandlerSettings):
     resize_size: int
     input_size: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     top_k: int
-    precision: str
     channels_last: bool
     compile: CompileSettings | None
-    limits: ImageLimits
     jpeg_draft: bool = True
     compiled_packages: tuple[CompiledPackage, ...] = ()
 
@@ -97,14 +105,17 @@ def _triple(value: Any, name: str, positive: bool) -> tuple[float, float, float]
     return (numbers[0], numbers[1], numbers[2])
 
 
-def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+def _choice(value: Any, name: str, kind: object) -> Any:
+    """`value` if it is one of the strings of the Literal type `kind`, else SettingsError (the
+    result is typed by the field it fills)."""
+    choices = get_args(kind)
     if value not in choices:
         raise SettingsError(f"'{name}' must be one of {', '.join(choices)}; got {value!r}")
-    return str(value)
+    return value
 
 
 def parse_model_source(section: Mapping[str, Any]) -> ModelSource:
-    source = _choice(_require(section, "source", "model"), "model.source", MODEL_SOURCES)
+    source = _choice(_require(section, "source", "model"), "model.source", ModelSourceKind)
     architecture = section.get("architecture")
     if source in ("timm", "torchvision") and not architecture:
         raise SettingsError(f"'model.architecture' is required for source '{source}'")
@@ -163,7 +174,7 @@ def parse_compile(value: Any) -> CompileSettings | None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise SettingsError(f"'compile.load_timeout_s' must be a positive number, got {timeout!r}")
     return CompileSettings(
-        cpu_target=_choice(value.get("cpu_target", "avx2"), "compile.cpu_target", tuple(CPU_TARGETS)),
+        cpu_target=_choice(value.get("cpu_target", "avx2"), "compile.cpu_target", CpuTargetName),
         load_timeout_s=float(timeout),
     )
 
@@ -198,7 +209,7 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         mean=_triple(preprocess.get("mean", [0.485, 0.456, 0.406]), "preprocess.mean", False),
         std=_triple(preprocess.get("std", [0.229, 0.224, 0.225]), "preprocess.std", True),
         top_k=_positive_int(handler_section.get("top_k", 5), "top_k"),
-        precision=_choice(handler_section.get("precision", "fp32"), "precision", PRECISIONS),
+        precision=_choice(handler_section.get("precision", "fp32"), "precision", Precision),
         channels_last=bool(handler_section.get("channels_last", False)),
         compile=parse_compile(handler_section.get("compile")),
         limits=parse_limits(handler_section.get("limits", {})),
@@ -208,16 +219,12 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
 
 
 @dataclass(frozen=True)
-class DetectorSettings:
-    model: ModelSource
-    labels_file: str
-    output_format: str
+class DetectorSettings(HandlerSettings):
+    output_format: DetectionOutput
     input_size: int
     letterbox_fill: int
     defaults: DetectionOptions
     max_detections_cap: int
-    precision: str
-    limits: ImageLimits
 
 
 def _fraction_setting(value: Any, name: str) -> float:
@@ -263,11 +270,11 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
         model=parse_model_source(_require(handler_section, "model", "handler")),
         labels_file=str(handler_section.get("labels_file", "labels.json")),
         output_format=_choice(detection.get("output", "torchvision"), "detection.output",
-                              DETECTION_OUTPUTS),
+                              DetectionOutput),
         input_size=_positive_int(detection.get("input_size", 640), "detection.input_size"),
         letterbox_fill=fill,
         defaults=defaults,
         max_detections_cap=cap,
-        precision=_choice(handler_section.get("precision", "fp32"), "precision", PRECISIONS),
+        precision=_choice(handler_section.get("precision", "fp32"), "precision", Precision),
         limits=parse_limits(handler_section.get("limits", {})),
     )

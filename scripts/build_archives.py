@@ -39,6 +39,7 @@ from handlers.settings import (  # noqa: E402
     parse_classifier_settings,
     parse_compile,
     parse_detector_settings,
+    parse_model_source,
 )
 from scripts.compile_ahead import CompileRequest, compile_packages  # noqa: E402
 from scripts.fixed_seed_weights import fixed_seed_model  # noqa: E402
@@ -162,8 +163,14 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def model_source(description: ModelDescription, num_classes: int | None) -> ModelSource:
-    return ModelSource(description.source, description.architecture, num_classes,
-                       dict(description.builder_kwargs))
+    """The description's network, checked by the handler's own parser."""
+    try:
+        return parse_model_source({"source": description.source,
+                                   "architecture": description.architecture,
+                                   "num_classes": num_classes,
+                                   "kwargs": dict(description.builder_kwargs)})
+    except SettingsError as error:
+        raise BuildError(f"{description.name}: {error}") from None
 
 
 def fixed_seed_state_dict(description: ModelDescription, num_classes: int) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ from handlers.image_classifier import ImageClassifierHandler
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.serving import BatchedImageHandler
 
-ENTRY_CLASSES: dict[str, type[BatchedImageHandler[Any, Any, Any]]] = {
+ENTRY_CLASSES: dict[str, type[BatchedImageHandler[Any, Any, Any, Any]]] = {
     "image_classifier.py": ImageClassifierHandler,
     "object_detector.py": ObjectDetectorHandler,
 }
@@ -76,7 +76,7 @@ def archive_context(model_dir: Path, batch_size: int = 8,
 
 
 def load_handler(model_dir: Path, batch_size: int = 8,
-                 gpu_id: int | None = None) -> BatchedImageHandler[Any, Any, Any]:
+                 gpu_id: int | None = None) -> BatchedImageHandler[Any, Any, Any, Any]:
     """The archive's handler class (from its manifest), initialized on the CPU or `gpu_id`."""
     context = archive_context(model_dir, batch_size, gpu_id=gpu_id)
     handler_class = ENTRY_CLASSES[Path(context.manifest["model"]["handler"]).name]

@@ -20,7 +20,7 @@ from scripts.local_handler import archive_context, extract_archive
 __all__ = ["archive_context", "extract_archive", "load_classifier", "load_classifier_dir",
            "load_detector", "stage_model_dir"]
 
-Handler = TypeVar("Handler", bound=BatchedImageHandler[Any, Any, Any])
+Handler = TypeVar("Handler", bound=BatchedImageHandler[Any, Any, Any, Any])
 
 
 def load_classifier(mar_path: Path, work_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:

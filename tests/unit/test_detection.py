@@ -7,11 +7,11 @@ import torch
 
 from handlers.detection import (
     DetectionOptions,
-    Detections,
-    decode_yolo_output,
+    DetectionTensors,
     format_detections,
     select_detections,
 )
+from handlers.detector_formats import yolo_detections
 from handlers.letterbox import boxes_to_letterbox, boxes_to_original, letterbox_geometry
 
 OPTIONS = DetectionOptions(score_threshold=0.25, iou_threshold=0.5, max_detections=100)
@@ -48,7 +48,7 @@ def test_known_boxes_come_back_exactly_in_original_pixels(size_hw):
     below_threshold = in_input[2] - 30.0
     raw = raw_output(torch.stack([*in_input, duplicate, other_class_overlap, below_threshold]),
                      classes=[0, 1, 2, 0, 2, 1], scores=[0.9, 0.8, 0.7, 0.6, 0.5, 0.2])
-    boxes, scores, classes = decode_yolo_output(raw, OPTIONS)
+    boxes, scores, classes = yolo_detections(raw, OPTIONS)
     original = boxes_to_original(boxes, geometry)
     assert classes.tolist() == [0, 1, 2, 2]
     assert scores.tolist() == pytest.approx([0.9, 0.8, 0.7, 0.5])
@@ -60,33 +60,33 @@ def test_known_boxes_come_back_exactly_in_original_pixels(size_hw):
 def test_nms_threshold_controls_what_overlaps_survive():
     box = torch.tensor([[100.0, 100.0, 200.0, 200.0], [110.0, 100.0, 210.0, 200.0]])  # IoU 0.82
     raw = raw_output(box, classes=[0, 0], scores=[0.9, 0.8], noise_candidates=0)
-    assert len(decode_yolo_output(raw, OPTIONS).scores) == 1
+    assert len(yolo_detections(raw, OPTIONS).scores) == 1
     loose = DetectionOptions(0.25, iou_threshold=0.9, max_detections=100)
-    assert len(decode_yolo_output(raw, loose).scores) == 2
+    assert len(yolo_detections(raw, loose).scores) == 2
 
 
 def test_class_filter_and_cap_apply():
     boxes = torch.tensor([[0.0, 0, 10, 10], [20.0, 0, 30, 10], [40.0, 0, 50, 10]])
     raw = raw_output(boxes, classes=[0, 1, 2], scores=[0.9, 0.8, 0.7], noise_candidates=0)
     only_two = DetectionOptions(0.25, 0.5, 100, classes=frozenset({2}))
-    assert decode_yolo_output(raw, only_two).class_indices.tolist() == [2]
+    assert yolo_detections(raw, only_two).class_indices.tolist() == [2]
     capped = DetectionOptions(0.25, 0.5, max_detections=2)
-    assert decode_yolo_output(raw, capped).scores.tolist() == pytest.approx([0.9, 0.8])
+    assert yolo_detections(raw, capped).scores.tolist() == pytest.approx([0.9, 0.8])
 
 
 def test_nothing_above_threshold_is_an_empty_answer():
     raw = raw_output(torch.tensor([[0.0, 0, 10, 10]]), classes=[0], scores=[0.1])
-    found = decode_yolo_output(raw, OPTIONS)
+    found = yolo_detections(raw, OPTIONS)
     assert format_detections(found, ["a", "b", "c"]) == []
 
 
 def test_a_malformed_output_shape_is_refused():
     with pytest.raises(ValueError, match=r"\[4 \+ C, N\]"):
-        decode_yolo_output(torch.zeros(4, 10), OPTIONS)
+        yolo_detections(torch.zeros(4, 10), OPTIONS)
 
 
 def test_select_sorts_by_score_and_keeps_inputs_unchanged():
-    detections = Detections(torch.arange(12.0).view(3, 4), torch.tensor([0.3, 0.9, 0.5]),
+    detections = DetectionTensors(torch.arange(12.0).view(3, 4), torch.tensor([0.3, 0.9, 0.5]),
                             torch.tensor([1, 2, 1]))
     chosen = select_detections(detections, DetectionOptions(0.4, 0.5, 10))
     assert chosen.scores.tolist() == pytest.approx([0.9, 0.5])
@@ -95,6 +95,7 @@ def test_select_sorts_by_score_and_keeps_inputs_unchanged():
 
 
 def test_format_gives_label_index_score_and_box():
-    detections = Detections(torch.tensor([[1.234, 2.0, 3.0, 4.0]]), torch.tensor([0.5]), torch.tensor([1]))
+    detections = DetectionTensors(torch.tensor([[1.234, 2.0, 3.0, 4.0]]), torch.tensor([0.5]),
+                                  torch.tensor([1]))
     assert format_detections(detections, ["cat", "dog"]) == [
         {"label": "dog", "index": 1, "score": 0.5, "box": [1.23, 2.0, 3.0, 4.0]}]

@@ -1,0 +1,98 @@
+"""The two kinds of detector output, each a strategy chosen once when a worker loads its model.
+
+- `TorchvisionFormat`: torchvision detectors (Faster R-CNN, RetinaNet, FCOS, SSD, SSDlite) take a
+  list of float images of any sizes and return boxes in each image's own pixels.
+- `YoloFormat`: single-tensor models (`[B, 4 + C, N]`: cx, cy, w, h in input pixels, then C class
+  scores) take a letterboxed square batch; candidates are decoded, NMS'd per class on the device
+  and mapped back through each image's recorded letterbox.
+
+Both select per request in the same place (`detections`): score threshold, classes, cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+from torchvision.ops import clip_boxes_to_image
+from torchvision.transforms.v2 import functional as F
+
+from handlers.detection import (
+    DetectionOptions,
+    DetectionTensors,
+    DetectorInput,
+    select_detections,
+    suppress_overlaps,
+    yolo_candidates,
+)
+from handlers.letterbox import boxes_to_original, letterbox_batch
+
+
+class DetectorFormat(Protocol):
+    def model_input(self, images: Sequence[torch.Tensor], device: torch.device) -> DetectorInput:
+        """`uint8[3, H, W]` images -> the model's input (and the geometry to map boxes back)."""
+
+    def model_output(self, output: Any) -> Any:
+        """What the model returned -> one entry per image."""
+
+    def detections(self, output: Any, model_input: DetectorInput,
+                   images: Sequence[torch.Tensor],
+                   options: Sequence[DetectionOptions]) -> list[DetectionTensors]:
+        """Each image's selected detections, boxes in its own pixels, best first."""
+
+
+class TorchvisionFormat:
+    def model_input(self, images: Sequence[torch.Tensor], device: torch.device) -> DetectorInput:
+        return DetectorInput([F.to_dtype(image.to(device), torch.float32, scale=True) for image in images])
+
+    def model_output(self, output: Any) -> Any:
+        return output
+
+    def detections(self, output: Sequence[Mapping[str, torch.Tensor]], model_input: DetectorInput,
+                   images: Sequence[torch.Tensor],
+                   options: Sequence[DetectionOptions]) -> list[DetectionTensors]:
+        selected = []
+        for found, image, asked in zip(output, images, options, strict=True):
+            boxes = clip_boxes_to_image(found["boxes"], (image.shape[-2], image.shape[-1]))
+            selected.append(select_detections(DetectionTensors(boxes, found["scores"], found["labels"]),
+                                              asked))
+        return selected
+
+
+@dataclass(frozen=True)
+class YoloFormat:
+    input_size: int
+    letterbox_fill: int
+
+    def model_input(self, images: Sequence[torch.Tensor], device: torch.device) -> DetectorInput:
+        batch, letterboxes = letterbox_batch(images, self.input_size, self.letterbox_fill, device)
+        return DetectorInput(batch, letterboxes)
+
+    def model_output(self, output: Any) -> Any:
+        return output[0] if isinstance(output, (tuple, list)) else output  # (predictions, extras)
+
+    def detections(self, output: torch.Tensor, model_input: DetectorInput,
+                   images: Sequence[torch.Tensor],
+                   options: Sequence[DetectionOptions]) -> list[DetectionTensors]:
+        assert model_input.letterboxes is not None
+        selected = []
+        for raw, letterbox, asked in zip(output, model_input.letterboxes, options, strict=True):
+            found = yolo_detections(raw, asked)
+            selected.append(found._replace(boxes_xyxy=boxes_to_original(found.boxes_xyxy, letterbox)))
+        return selected
+
+
+def yolo_detections(raw: torch.Tensor, options: DetectionOptions) -> DetectionTensors:
+    """One image's `float[4 + C, N]` output -> its detections in input pixels, best first:
+    thresholds and the class filter before NMS (as Ultralytics does), the cap after it."""
+    candidates = yolo_candidates(raw)
+    unlimited = replace(options, max_detections=candidates.scores.shape[0])
+    return suppress_overlaps(select_detections(candidates, unlimited), options.iou_threshold,
+                             options.max_detections)
+
+
+def detector_format(output: str, input_size: int, letterbox_fill: int) -> DetectorFormat:
+    """The strategy for a `detection.output` setting."""
+    return YoloFormat(input_size, letterbox_fill) if output == "yolo" else TorchvisionFormat()

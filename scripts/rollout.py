@@ -241,8 +241,8 @@ def smoke_test(client: TorchServeClient, model: str, version: str, image: bytes,
 
 # --- rollout and rollback -------------------------------------------------------------------
 @contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C is held back while an undo runs, so an impatient second Ctrl-C cannot leave the
+def interrupts_ignored() -> Iterator[None]:
+    """Ctrl-C is ignored while an undo runs, so an impatient second Ctrl-C cannot leave the
     server half restored (only possible in the main thread; elsewhere this does nothing)."""
     try:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -260,7 +260,7 @@ def undo(client: TorchServeClient, model: str, new_version: str, old_version: st
     """Put the old version back as default and remove the new one if it got registered, as far
     as the server allows; never raises. Returns what it could not do."""
     problems: list[str] = []
-    with interrupts_deferred():
+    with interrupts_ignored():
         try:
             current = default_version(client, model)
             if old_version is not None and current is not None and current["modelVersion"] != old_version:
@@ -376,7 +376,7 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
         wait_for_workers(client, model, version, low,
                          timeout_s or after.startup_timeout_s + WORKERS_DEADLINE_MARGIN_S)
     except (RolloutError, KeyboardInterrupt) as error:
-        with interrupts_deferred():
+        with interrupts_ignored():
             client.scale(model, version, before.min_workers, before.max_workers)
         raise RolloutError(f"scaling {model} {version} to {low} workers failed and was undone "
                            f"(workers {before.min_workers}/{before.max_workers} again): {error!r}") from None

@@ -1,7 +1,7 @@
 """Ahead-of-time compiled models: what a package was built for, whether this machine can run it,
 and loading it safely.
 
-`scripts/build_archives.py` compiles the model with AOTInductor into `.pt2` packages inside the
+`torchserve-vision build` compiles the model with AOTInductor into `.pt2` packages inside the
 archive (one per precision), with one dynamic batch dimension 1..max_batch_size, and records
 the target of each: torch version, device, CPU instruction set, precision, input shape. A worker
 never compiles. At load it checks the recorded target against this machine, loads the package

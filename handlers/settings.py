@@ -53,7 +53,7 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class CompileSettings:
-    """`compile:` ahead of time: `scripts/build_archives.py` builds AOTInductor packages into the
+    """`compile:` ahead of time: `torchserve-vision build` builds AOTInductor packages into the
     archive; a worker loads one (never compiles) or serves eagerly. See handlers.compiled_model."""
 
     cpu_target: CpuTargetName = "avx2"              # a key of compiled_model.CPU_TARGETS

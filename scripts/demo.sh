@@ -5,24 +5,24 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-PY=.venv/bin/python
-$PY scripts/build_archives.py
-$PY scripts/torchserve_process.py start
-PHOTOS=$($PY -c 'import pathlib, skimage; print(pathlib.Path(skimage.__file__).parent / "data")')
+TSV=.venv/bin/torchserve-vision
+$TSV build
+$TSV server start
+PHOTOS=$(.venv/bin/python -c 'from torchserve_vision.photos import photo_path; print(photo_path().parent)')
 echo
-$PY scripts/predict.py "$PHOTOS/chelsea.png" --model efficientnet_lite0
+$TSV predict "$PHOTOS/chelsea.png" --model efficientnet_lite0
 echo
 echo "The detector below runs the real SSDlite320-MobileNetV3 architecture with fixed-seed weights"
 echo "(no COCO weights can be installed here), so its boxes are not meaningful; see the README to"
 echo "build it from a real checkpoint."
-$PY scripts/predict.py "$PHOTOS/astronaut.png" --model ssdlite320 --max-detections 5
+$TSV predict "$PHOTOS/astronaut.png" --model ssdlite320 --max-detections 5
 cat <<TEXT
 
 TorchServe is running on 127.0.0.1 (inference :8080, management :8081, metrics :8082; logs in .run/logs).
 Send your own image:
   curl -T my_photo.jpg http://127.0.0.1:8080/predictions/efficientnet_lite0
   curl -T my_photo.jpg -H 'X-Score-Threshold: 0.5' http://127.0.0.1:8080/predictions/ssdlite320
-  .venv/bin/python scripts/predict.py my_photo.jpg [--model ssdlite320]
+  .venv/bin/torchserve-vision predict my_photo.jpg [--model ssdlite320]
 Stop the server:
-  .venv/bin/python scripts/torchserve_process.py stop
+  .venv/bin/torchserve-vision server stop
 TEXT

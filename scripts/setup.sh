@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the project needs, idempotently:
 #   - a Java 17+ runtime (installed with apt when missing and running as root),
-#   - .venv with the pinned packages of requirements.txt / constraints.txt.
+#   - .venv with the pinned packages of requirements.txt / constraints.txt, and this project
+#     installed into it (editable) with its command, .venv/bin/torchserve-vision.
 # Re-running does nothing when both are already in place.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,7 +39,7 @@ find_python() {
 
 ensure_venv() {
   local stamp=.venv/.requirements.sha256 wanted
-  wanted=$(cat requirements.txt constraints.txt | sha256sum | cut -d' ' -f1)
+  wanted=$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -x .venv/bin/python ]; then
     return
   fi
@@ -48,9 +49,11 @@ ensure_venv() {
   echo "setup: installing pinned packages into .venv (first run takes a few minutes)"
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -r requirements.txt -c constraints.txt
+  # The project itself: its packages and the torchserve-vision command (dependencies are above).
+  .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
   echo "$wanted" > "$stamp"
 }
 
 ensure_java
 ensure_venv
-echo "setup: ready (.venv, $(java -version 2>&1 | head -n 1))"
+echo "setup: ready (.venv with torchserve-vision, $(java -version 2>&1 | head -n 1))"

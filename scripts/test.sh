@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole check: set up what is needed, lint, type-check, run every test (real TorchServe included).
+# Arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow and not server"` (the fast tier).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/mypy
-.venv/bin/python scripts/build_archives.py --check-config
+.venv/bin/torchserve-vision build --check-config
 .venv/bin/python -m pytest "$@"

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from handlers.model_loading import cpu_has_native_bf16, effective_precision
-from scripts.build_archives import DEFAULT_DESCRIPTIONS, ModelDescription, load_descriptions
+from torchserve_vision import paths
+from torchserve_vision.model_descriptions import ModelDescription, load_descriptions
 
 FP32_TOLERANCE = 1e-4  # probability, absolute
 BF16_TOLERANCE = 0.03
@@ -16,7 +17,7 @@ BF16_TOLERANCE = 0.03
 
 def default_classifier() -> ModelDescription:
     """The classifier of config/models.yaml."""
-    return next(d for d in load_descriptions(DEFAULT_DESCRIPTIONS) if d.task == "classification")
+    return next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.task == "classification")
 
 
 def served_classifier_precision() -> str:

@@ -1,4 +1,4 @@
-"""Open built archives in-process for tests (see scripts/local_handler.py)."""
+"""Open built archives in-process for tests (see torchserve_vision/lab/local_handler.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import torch
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.serving import BatchedImageHandler
-from scripts.build_archives import ModelDescription, stage_files
-from scripts.local_handler import archive_context, extract_archive
+from torchserve_vision.archives.build import stage_files
+from torchserve_vision.lab.local_handler import archive_context, extract_archive
+from torchserve_vision.model_descriptions import ModelDescription
 
 __all__ = ["archive_context", "extract_archive", "load_classifier", "load_classifier_dir",
            "load_detector", "stage_model_dir"]

@@ -12,13 +12,10 @@ from pathlib import Path
 import pytest
 
 from handlers.image_classifier import ImageClassifierHandler
-from scripts.build_archives import (
-    DEFAULT_DESCRIPTIONS,
-    build_archive,
-    load_descriptions,
-    parse_description,
-)
 from tests.archives import load_classifier, load_classifier_dir, stage_model_dir
+from torchserve_vision import paths
+from torchserve_vision.archives.build import build_archive
+from torchserve_vision.model_descriptions import load_descriptions, parse_description
 
 HEAVY_FIXTURES = {"model_store", "classifier"}
 
@@ -35,7 +32,7 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     classifier with its ahead-of-time compiled packages: the build takes about a minute, and
     its workers then start in seconds)."""
     store = tmp_path_factory.mktemp("model_store")
-    for description in load_descriptions(DEFAULT_DESCRIPTIONS):
+    for description in load_descriptions(paths.MODEL_DESCRIPTIONS):
         build_archive(description, store)
     return store
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.torchserve_process import TorchServeInstance
 from tests.server.servers import started_server
+from torchserve_vision.server_process import TorchServeInstance
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from scripts.build_archives import DEFAULT_CONFIG
-from scripts.torchserve_config import server_config
-from scripts.torchserve_process import TorchServeInstance, instance_for, start, stop
+from torchserve_vision import paths
+from torchserve_vision.server_process import TorchServeInstance, instance_for, start, stop
+from torchserve_vision.torchserve_config import server_config
 
 
-def started_server(run_dir: Path, model_store: Path, base_config: Path = DEFAULT_CONFIG,
+def started_server(run_dir: Path, model_store: Path, base_config: Path = paths.DEVELOPMENT_CONFIG,
                    **overrides: str) -> Iterator[TorchServeInstance]:
     """A started server for a fixture to yield; stopped afterwards, also when a test failed."""
     instance = instance_for(server_config(run_dir, model_store, base_config, **overrides), run_dir)

@@ -15,11 +15,11 @@ import pytest
 import requests
 from PIL import Image
 
-from scripts.torchserve_process import TorchServeInstance, ping
 from tests.answers import assert_same_answer, served_classifier_precision
 from tests.images import CAT_LABELS, encode, exif_with_orientation, photo_bytes, png_declaring_size
 from tests.server.http_client import concurrently
 from tests.server.logs import log_lines, rejected_requests, wait_for_log
+from torchserve_vision.server_process import TorchServeInstance, ping
 
 pytestmark = pytest.mark.server
 CAT = Image.open(io.BytesIO(photo_bytes("chelsea.png"))).convert("RGB")

@@ -9,13 +9,14 @@ from collections.abc import Callable
 import pytest
 import requests
 
-from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
-from scripts.torchserve_process import TorchServeInstance, ping
 from tests.answers import assert_same_answer as assert_answers_match
 from tests.answers import served_classifier_precision
 from tests.images import CAT_LABELS, encode, photo_bytes, png_declaring_size, textured_rgb
 from tests.server.http_client import Reply, concurrently, post_image
 from tests.server.logs import log_lines, wait_for_log
+from torchserve_vision import paths
+from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.server_process import TorchServeInstance, ping
 
 pytestmark = pytest.mark.server
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
@@ -128,7 +129,7 @@ def test_unknown_model_is_404(server):
 def test_batch_settings_come_from_config_properties(server):
     described = requests.get(f"{server.management_url}/models/efficientnet_lite0",
                              timeout=30).json()[0]
-    serving = {d.name: d.serving for d in load_descriptions(DEFAULT_DESCRIPTIONS)}["efficientnet_lite0"]
+    serving = {d.name: d.serving for d in load_descriptions(paths.MODEL_DESCRIPTIONS)}["efficientnet_lite0"]
     assert (described["batchSize"], described["maxBatchDelay"]) == (serving.batch_size,
                                                                     serving.max_batch_delay_ms)
     assert described["minWorkers"] == serving.min_workers

@@ -9,10 +9,10 @@ import pytest
 import requests
 from PIL import Image
 
-from scripts.torchserve_process import TorchServeInstance, ping
 from tests.detections import assert_same_detections, rows_from_answer
 from tests.images import encode, photo_bytes
 from tests.server.http_client import concurrently, post_image
+from torchserve_vision.server_process import TorchServeInstance, ping
 
 pytestmark = pytest.mark.server
 

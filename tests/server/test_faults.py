@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from scripts.loadgen import LoadTarget, run_closed_loop, run_open_loop
-from scripts.torchserve_process import TorchServeInstance, pending_requests, ping, stop
 from tests.images import photo_bytes
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
+from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop, run_open_loop
+from torchserve_vision.server_process import TorchServeInstance, ping, stop
+from torchserve_vision.server_state import queued_requests
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
@@ -114,7 +115,7 @@ def own_server(model_store: Path, tmp_path) -> Iterator[TorchServeInstance]:
 def wait_until_queued(server: TorchServeInstance) -> None:
     """Until requests wait in the queue (so a batch is being computed and more are queued)."""
     deadline = time.monotonic() + 30
-    while pending_requests(server) == 0:
+    while queued_requests(server.client()) == 0:
         assert time.monotonic() < deadline, "no request was ever queued"
         time.sleep(0.02)
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from scripts.build_archives import PRODUCTION_CONFIG
-from scripts.torchserve_config import read_properties
-from scripts.torchserve_process import TorchServeInstance
 from tests.images import photo_bytes
 from tests.server.servers import started_server
+from torchserve_vision import paths
+from torchserve_vision.server_process import TorchServeInstance
+from torchserve_vision.torchserve_config import read_properties
 
 pytestmark = pytest.mark.server
 
@@ -20,12 +20,12 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def production_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
     yield from started_server(tmp_path_factory.mktemp("production"), model_store,
-                              base_config=PRODUCTION_CONFIG,
+                              base_config=paths.PRODUCTION_CONFIG,
                               load_models="efficientnet_lite0-1.0.mar")
 
 
 def test_the_production_config_says_what_it_should():
-    properties = read_properties(PRODUCTION_CONFIG)
+    properties = read_properties(paths.PRODUCTION_CONFIG)
     assert properties["disable_token_authorization"] == "false"
     assert properties["enable_model_api"] == "false"
     assert all(properties[key].startswith("http://127.0.0.1:")

@@ -22,28 +22,21 @@ from pathlib import Path
 import pytest
 import requests
 
-from scripts.build_archives import (
-    ModelDescription,
-    build_archive,
-    parse_description,
-    resolve_labels,
-    run_archiver,
-    stage_files,
-)
-from scripts.manage_models import main as manage
-from scripts.management_client import TorchServeClient
-from scripts.rollout import (
-    RolloutError,
-    RolloutPlan,
-    ServingSettings,
-    rollout,
-    versions_of,
-    wait_for_workers,
-)
-from scripts.torchserve_process import TorchServeInstance
 from tests.images import CAT_LABELS, photo_bytes
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
+from torchserve_vision.archives.build import build_archive, run_archiver, stage_files
+from torchserve_vision.cli import main as command
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.model_descriptions import (
+    ModelDescription,
+    ServingSettings,
+    parse_description,
+    resolve_labels,
+)
+from torchserve_vision.rollout import RolloutError, RolloutPlan, rollout, wait_for_workers
+from torchserve_vision.server_process import TorchServeInstance
+from torchserve_vision.server_state import versions_of
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
@@ -136,8 +129,8 @@ def client(rollout_server: TorchServeInstance, model_store: Path) -> TorchServeC
 
 
 def cli(server: TorchServeInstance, store: Path, history: Path, *args: str) -> int:
-    return manage([*args, "--management-url", server.management_url, "--inference-url",
-                   server.inference_url, "--model-store", str(store), "--history", str(history)])
+    return command(["models", *args, "--management-url", server.management_url, "--inference-url",
+                    server.inference_url, "--model-store", str(store), "--history", str(history)])
 
 
 def plan(archive: str, **overrides) -> RolloutPlan:
@@ -354,13 +347,13 @@ def test_a_version_whose_workers_die_while_loading_is_undone_without_waiting_out
 def test_an_interrupted_rollout_is_undone_and_exits_non_zero(client, archives, rollout_server,
                                                              model_store, tmp_path):
     history = tmp_path / "history.json"
-    command = [sys.executable, "scripts/manage_models.py", "rollout", MODEL, archives["slow"],
+    arguments = [sys.executable, "-m", "torchserve_vision", "models", "rollout", MODEL, archives["slow"],
                "--management-url", rollout_server.management_url,
                "--inference-url", rollout_server.inference_url,
                "--model-store", str(model_store), "--history", str(history)]
     with load_on_server(client) as load:
         load.wait_for(10)
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(versions_of(client, MODEL)) < 2:
             time.sleep(0.2)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from scripts import sweep
-from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
-from scripts.loadgen import main as loadgen
-from scripts.management_client import TorchServeClient
-from scripts.rollout import default_version
-from scripts.torchserve_process import TorchServeInstance
 from tests.server.servers import started_server
+from torchserve_vision import paths
+from torchserve_vision.cli import main as command
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.server_process import TorchServeInstance
+from torchserve_vision.server_state import default_version
 
 pytestmark = pytest.mark.server
 
@@ -26,10 +26,12 @@ def lab_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstan
 
 
 def test_load_generator_closed_and_open_loop(lab_server, capsys):
-    assert loadgen(["--url", lab_server.inference_url, "--clients", "4", "--duration", "2", "--json"]) == 0
+    assert command(["lab", "load", "--inference-url", lab_server.inference_url, "--clients", "4",
+                    "--duration", "2", "--json"]) == 0
     closed = json.loads(capsys.readouterr().out)
     assert closed["succeeded"] == closed["sent"] > 0 and closed["errors"] == {}
-    assert loadgen(["--url", lab_server.inference_url, "--rate", "10", "--duration", "2", "--json"]) == 0
+    assert command(["lab", "load", "--inference-url", lab_server.inference_url, "--rate", "10",
+                    "--duration", "2", "--json"]) == 0
     opened = json.loads(capsys.readouterr().out)
     assert opened["offered_rps"] == 10 and opened["errors"] == {} and opened["sent"] > 5
     assert 0 < opened["latency_ms"]["p50"] <= opened["latency_ms"]["p99"] <= opened["latency_ms"]["max"]
@@ -38,11 +40,11 @@ def test_load_generator_closed_and_open_loop(lab_server, capsys):
 def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model_store,
                                                                tmp_path, capsys):
     out = tmp_path / "sweep"
-    code = sweep.main(["--batch-sizes", "1", "4", "--delays", "5", "--clients", "1", "4",
-                       "--duration", "1.5", "--sla-ms", "5000", "--out", str(out),
-                       "--model-store", str(model_store),
-                       "--management-url", lab_server.management_url,
-                       "--inference-url", lab_server.inference_url])
+    code = command(["lab", "sweep", "--batch-sizes", "1", "4", "--delays", "5", "--clients", "1", "4",
+                    "--duration", "1.5", "--sla-ms", "5000", "--out", str(out),
+                    "--model-store", str(model_store),
+                    "--management-url", lab_server.management_url,
+                    "--inference-url", lab_server.inference_url])
     assert code == 0
     document = json.loads(out.with_suffix(".json").read_text())
     assert {(p["batch_size"], p["clients"]) for p in document["points"]} == {(1, 1), (1, 4), (4, 1), (4, 4)}
@@ -52,6 +54,6 @@ def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model
     restored = default_version(TorchServeClient(lab_server.management_url, lab_server.inference_url),
                                "efficientnet_lite0")
     assert restored is not None
-    serving = {d.name: d.serving for d in load_descriptions(DEFAULT_DESCRIPTIONS)}["efficientnet_lite0"]
+    serving = {d.name: d.serving for d in load_descriptions(paths.MODEL_DESCRIPTIONS)}["efficientnet_lite0"]
     assert (restored["batchSize"], restored["maxBatchDelay"]) == (serving.batch_size,
                                                                   serving.max_batch_delay_ms)

@@ -12,11 +12,12 @@ import pytest
 import requests
 import yaml
 
-from scripts.build_archives import DEFAULT_DESCRIPTIONS, load_descriptions
-from scripts.torchserve_process import TorchServeInstance
 from tests.images import CAT_LABELS, photo_bytes
 from tests.server.http_client import post_image
 from tests.server.logs import wait_for_log
+from torchserve_vision import paths
+from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.server_process import TorchServeInstance
 
 pytestmark = pytest.mark.server
 READY_LINE = re.compile(r"worker ready model=(\S+) version=(\S+) device=\S+ runner=(\S+) .*"
@@ -29,14 +30,14 @@ def describe(server: TorchServeInstance, model: str, version: str | None = None)
 
 
 def test_each_model_has_the_timeouts_of_its_description(server):
-    for description in load_descriptions(DEFAULT_DESCRIPTIONS):
+    for description in load_descriptions(paths.MODEL_DESCRIPTIONS):
         described = describe(server, description.name)
         assert described["startupTimeout"] == description.serving.startup_timeout_s
         assert described["responseTimeout"] == description.serving.response_timeout_s
 
 
 def test_workers_log_their_start_up_time_and_the_classifier_runs_its_compiled_package(server):
-    expected_workers = {d.name: d.serving.min_workers for d in load_descriptions(DEFAULT_DESCRIPTIONS)}
+    expected_workers = {d.name: d.serving.min_workers for d in load_descriptions(paths.MODEL_DESCRIPTIONS)}
 
     def ready_lines(lines: list[str]) -> list[re.Match[str]]:
         return [match for line in lines if (match := READY_LINE.search(line))]

@@ -1,4 +1,4 @@
-"""The management scripts against a TorchServe with token authorization on."""
+"""The commands (models, predict, lab load) against a TorchServe with token authorization on."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from scripts.manage_models import main as manage
-from scripts.management_client import KeyFile, TorchServeClient
-from scripts.torchserve_config import read_properties
-from scripts.torchserve_process import TorchServeInstance
-from tests.images import photo_bytes
+from tests.images import PHOTOS_DIR, photo_bytes
 from tests.server.servers import started_server
+from torchserve_vision.cli import main as command
+from torchserve_vision.client import KeyFile, TorchServeClient
+from torchserve_vision.server_process import TorchServeInstance
+from torchserve_vision.torchserve_config import read_properties
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
@@ -28,9 +28,9 @@ def secured_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIn
 
 
 def cli(server: TorchServeInstance, *args: str) -> int:
-    return manage([*args, "--management-url", server.management_url,
-                   "--inference-url", server.inference_url, "--key-file", str(server.key_file),
-                   "--model-store", str(Path(read_properties(server.config_path)["model_store"]))])
+    return command(["models", *args, "--management-url", server.management_url,
+                    "--inference-url", server.inference_url, "--key-file", str(server.key_file),
+                    "--model-store", str(Path(read_properties(server.config_path)["model_store"]))])
 
 
 def keys(server: TorchServeInstance) -> dict:
@@ -51,7 +51,7 @@ def test_calls_without_a_valid_key_are_refused(secured_server):
     assert wrong_kind.status_code == 400
 
 
-def test_scripts_work_with_the_key_file(secured_server, capsys):
+def test_model_commands_work_with_the_key_file(secured_server, capsys):
     assert cli(secured_server, "describe", MODEL, "--json") == 0
     assert json.loads(capsys.readouterr().out)[0]["modelVersion"] == "1.0"
     assert cli(secured_server, "scale", MODEL, "--min", "2", "--max", "2") == 0
@@ -81,7 +81,19 @@ def test_a_key_the_server_no_longer_accepts_is_refreshed_and_the_call_retried(se
     assert keys(secured_server)["management"]["key"] != "stale123"
 
 
-def test_without_the_key_file_the_scripts_fail_with_the_servers_message(secured_server, capsys):
-    code = manage(["list", "--management-url", secured_server.management_url])
+def test_without_the_key_file_the_commands_fail_with_the_servers_message(secured_server, capsys):
+    code = command(["models", "list", "--management-url", secured_server.management_url])
     assert code == 1
+    assert "InvalidKeyException" in capsys.readouterr().err
+
+
+def test_predict_and_load_reach_a_server_with_tokens_on(secured_server, capsys):
+    connection = ["--inference-url", secured_server.inference_url, "--key-file", str(secured_server.key_file)]
+    assert command(["predict", str(PHOTOS_DIR / "coffee.png"), "--json", *connection]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["label"] == "espresso"
+    assert command(["lab", "load", "--clients", "2", "--duration", "1", "--json", *connection]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sent"] > 0 and report["succeeded"] == report["sent"], report
+    assert command(["predict", str(PHOTOS_DIR / "coffee.png"),
+                    "--inference-url", secured_server.inference_url]) == 1
     assert "InvalidKeyException" in capsys.readouterr().err

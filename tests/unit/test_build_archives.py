@@ -17,21 +17,14 @@ from torch import nn
 from handlers.decode import decode_image_bytes
 from handlers.settings import ImageLimits
 from handlers.transforms import preprocess_classification_batch
-from scripts.build_archives import (
-    DEFAULT_CONFIGS,
-    DEFAULT_DESCRIPTIONS,
-    BuildError,
-    build_archive,
-    config_in_sync,
-    load_descriptions,
-    main,
-    parse_description,
-    render_models_block,
-)
-from scripts.fixed_seed_weights import calibrated_classifier
-from scripts.torchserve_config import parse_properties
 from tests.archives import archive_context, load_classifier
 from tests.images import photo_bytes
+from torchserve_vision import paths
+from torchserve_vision.archives.build import BuildError, build_archive
+from torchserve_vision.archives.fixed_seed_weights import calibrated_classifier
+from torchserve_vision.cli import main as command
+from torchserve_vision.model_descriptions import load_descriptions, parse_description
+from torchserve_vision.torchserve_config import config_in_sync, parse_properties, render_models_block
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png"]
 TEN_LABELS = [f"class_{i}" for i in range(10)]
@@ -164,9 +157,9 @@ def test_bad_handler_options_stop_the_build(tmp_path):
 
 
 def test_the_command_line_reports_errors_without_a_traceback(tmp_path, capsys):
-    code = main(["--name", "x", "--source", "torchvision", "--architecture", "resnet18",
-                 "--weights", str(tmp_path / "missing.pth"), "--model-store", str(tmp_path)])
-    assert code == 2
+    code = command(["build", "--name", "x", "--source", "torchvision", "--architecture", "resnet18",
+                    "--weights", str(tmp_path / "missing.pth"), "--model-store", str(tmp_path)])
+    assert code == 1
     assert "error: weights file not found" in capsys.readouterr().err
 
 
@@ -179,7 +172,7 @@ def archive_digest(mar: Path) -> dict[str, str]:
 def test_rebuilding_is_idempotent(model_store, tmp_path):
     """Byte for byte, apart from the compiled packages (Inductor's output is not reproducible
     byte for byte, and each package is checked against the eager model when a worker loads it)."""
-    described = load_descriptions(DEFAULT_DESCRIPTIONS)[0]
+    described = load_descriptions(paths.MODEL_DESCRIPTIONS)[0]
     eager = dataclasses.replace(described, handler_options={**described.handler_options, "compile": False})
     rebuilt = archive_digest(build_archive(eager, tmp_path))
     assert archive_digest(build_archive(eager, tmp_path)) == rebuilt
@@ -193,7 +186,7 @@ def test_the_default_classifier_archive_holds_compiled_packages_and_the_timeouts
     with zipfile.ZipFile(model_store / "efficientnet_lite0-1.0.mar") as archive:
         model_yaml = yaml.safe_load(archive.read("model-config.yaml"))
         names = set(archive.namelist())
-    serving = load_descriptions(DEFAULT_DESCRIPTIONS)[0].serving
+    serving = load_descriptions(paths.MODEL_DESCRIPTIONS)[0].serving
     assert model_yaml["startupTimeout"] == serving.startup_timeout_s
     assert model_yaml["responseTimeout"] == serving.response_timeout_s
     packages = model_yaml["handler"]["compiled_packages"]
@@ -230,8 +223,8 @@ def test_the_default_archive_holds_the_handlers_package_and_real_weights(model_s
 
 
 def test_config_properties_agrees_with_the_model_descriptions():
-    descriptions = load_descriptions(DEFAULT_DESCRIPTIONS)
-    assert all(config_in_sync(path, descriptions) for path in DEFAULT_CONFIGS)
+    descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
+    assert all(config_in_sync(path, descriptions) for path in paths.SERVER_CONFIGS)
     rendered = parse_properties(render_models_block(descriptions))
     assert rendered["load_models"].split(",") == [d.archive_name for d in descriptions]
     entry = json.loads(rendered["models"])["efficientnet_lite0"]["1.0"]

@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 from handlers.image_classifier import ImageClassifierHandler
-from scripts.local_handler import LocalContext
 from tests.answers import assert_same_answer
 from tests.archives import archive_context
 from tests.images import CAT_LABELS, photo_bytes, png_declaring_size
+from torchserve_vision.lab.local_handler import LocalContext
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
 

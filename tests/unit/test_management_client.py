@@ -6,9 +6,14 @@ import zipfile
 
 import pytest
 
-from scripts import management_client
-from scripts.management_client import KeyFile, ManagementError, TorchServeClient
-from scripts.rollout import ServingSettings, archive_manifest, archive_with_version, settings_version
+from torchserve_vision import client as management_client
+from torchserve_vision.archives.versions import (
+    archive_manifest,
+    archive_with_version,
+    settings_version,
+)
+from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
+from torchserve_vision.model_descriptions import ServingSettings
 
 
 def closed_port() -> int:

@@ -17,10 +17,11 @@ from handlers.decode import decode_image_bytes
 from handlers.model_loading import create_architecture
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.settings import ImageLimits
-from scripts.build_archives import build_archive, model_source, parse_description
 from tests.archives import archive_context, extract_archive, load_detector, stage_model_dir
 from tests.detections import assert_same_detections, rows_from_eager
 from tests.images import encode, photo_bytes
+from torchserve_vision.archives.build import build_archive, model_source
+from torchserve_vision.model_descriptions import parse_description
 
 PHOTOS = ["chelsea.png", "rocket.jpg", "astronaut.png"]  # landscape, landscape, square
 SMALL = {"min_size": 320, "max_size": 512}  # the real architectures at a CPU-friendly input size

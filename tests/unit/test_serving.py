@@ -12,9 +12,9 @@ from torch import nn
 from handlers.batch_record import BatchRecord
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.serving import emit_batch_metrics
-from scripts.local_handler import LocalContext
 from tests.archives import archive_context
 from tests.images import photo_bytes
+from torchserve_vision.lab.local_handler import LocalContext
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
 

@@ -9,9 +9,14 @@ import shutil
 import numpy as np
 import pytest
 
-from scripts.batch_model import MAX_UTILISATION, BatchTimeFit, fit_batch_time, recommend
-from scripts.build_archives import DEFAULT_DESCRIPTIONS
-from scripts.loadgen import (
+from torchserve_vision import paths
+from torchserve_vision.lab.batch_model import (
+    MAX_UTILISATION,
+    BatchTimeFit,
+    fit_batch_time,
+    recommend,
+)
+from torchserve_vision.lab.loadgen import (
     LoadTarget,
     Result,
     instant_server,
@@ -21,8 +26,8 @@ from scripts.loadgen import (
     run_open_loop,
     summarize,
 )
-from scripts.sweep import SweepPoint, choose_operating_point, write_results
-from scripts.tune import update_models_yaml
+from torchserve_vision.lab.sweep import SweepPoint, choose_operating_point, write_results
+from torchserve_vision.lab.tune import update_models_yaml
 
 
 def test_percentiles_interpolate_between_ranks():
@@ -119,7 +124,7 @@ def test_sweep_writes_json_csv_and_a_plot(tmp_path):
 
 def test_tuner_writes_only_the_chosen_models_serving_settings(tmp_path):
     copy = tmp_path / "models.yaml"
-    shutil.copy(DEFAULT_DESCRIPTIONS, copy)
+    shutil.copy(paths.MODEL_DESCRIPTIONS, copy)
     update_models_yaml(copy, "efficientnet_lite0", 16, 7)
     text = copy.read_text()
     first, second = text.split("  - name: ssdlite320")

@@ -1,11 +1,12 @@
 """Rollouts, rollbacks, scaling and a killed worker under steady open-loop load, step by step.
 
-    python scripts/rollout_drill.py            # the default classifier of model_store/, 25% load
-    python scripts/rollout_drill.py --load-fraction 0.25 --json
+    torchserve-vision lab rollout-drill          # the default classifier of model_store/, 25% load
+    torchserve-vision lab rollout-drill --load-fraction 0.25 --json
 
 Starts its own TorchServe (config/config.properties on free 127.0.0.1 ports, from the model
 store), measures the classifier's capacity (closed loop, 16 clients), then offers Poisson
-arrivals at a fraction of it for the whole drill while `manage_models.py` runs each step:
+arrivals at a fraction of it for the whole drill while `torchserve-vision models` runs each step
+(as a separate process, as a user runs it):
 rollout to a second version (a copy of the archive), rollback, scale up by one worker, scale
 down by one (a rollout of a copy with fewer workers), rollback of that scale-down, and a SIGKILL
 of one worker. For each step: the command's time and exit status, requests answered while it
@@ -14,8 +15,7 @@ ran (and for 2 s after), failures (non-200 or no answer within 30 s) and latency
 
 from __future__ import annotations
 
-import argparse
-import json
+import subprocess
 import sys
 import tempfile
 import threading
@@ -24,23 +24,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from scripts.loadgen import LoadTarget, Result, latency_summary, run_closed_loop, run_open_loop  # noqa: E402
-from scripts.manage_models import default_smoke_image  # noqa: E402
-from scripts.manage_models import main as manage  # noqa: E402
-from scripts.management_client import TorchServeClient  # noqa: E402
-from scripts.rollout import archive_with_version, kill_worker_and_wait  # noqa: E402
-from scripts.torchserve_config import server_config  # noqa: E402
-from scripts.torchserve_process import (  # noqa: E402
-    DEFAULT_CONFIG,
+from torchserve_vision.archives.versions import archive_with_version
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.lab.loadgen import (
+    LoadTarget,
+    Result,
+    latency_summary,
+    run_closed_loop,
+    run_open_loop,
+)
+from torchserve_vision.photos import photo_path
+from torchserve_vision.server_process import (
     TorchServeInstance,
-    configured_model_store,
     instance_for,
     start,
     stop,
 )
+from torchserve_vision.server_state import kill_worker_and_wait
+from torchserve_vision.torchserve_config import server_config
 
 SETTLE_S = 2.0
 
@@ -95,9 +96,10 @@ def run_steps(instance: TorchServeInstance, store: Path, model: str, clock: Call
     steps = []
     for name, arguments in commands:
         started, started_s = time.monotonic(), clock()
-        code = manage([*arguments, *common])
-        steps.append(Step(name, "manage_models.py " + " ".join(arguments), time.monotonic() - started,
-                          code, started_s, clock()))
+        code = subprocess.run([sys.executable, "-m", "torchserve_vision", "models", *arguments, *common],
+                              check=False).returncode
+        steps.append(Step(name, "torchserve-vision models " + " ".join(arguments),
+                          time.monotonic() - started, code, started_s, clock()))
         time.sleep(SETTLE_S)
     started_s = clock()
     seconds = kill_worker_and_wait(client, model)
@@ -113,7 +115,7 @@ def drill(config: Path, store: Path, model: str, load_fraction: float) -> dict[s
         start(instance, store)
         try:
             target = LoadTarget(f"{instance.inference_url}/predictions/{model}",
-                                [default_smoke_image().read_bytes()], timeout_s=30.0)
+                                [photo_path().read_bytes()], timeout_s=30.0)
             run_closed_loop(target, clients=16, duration_s=3, max_requests=100_000)  # warm-up
             capacity = run_closed_loop(target, clients=16, duration_s=8, max_requests=100_000)
             rate = capacity.throughput_rps * load_fraction
@@ -138,27 +140,3 @@ def drill(config: Path, store: Path, model: str, load_fraction: float) -> dict[s
                 leftover.unlink()
             for leftover in store.glob(f"{model}-*-w*.mar"):
                 leftover.unlink()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    parser.add_argument("--model-store", type=Path, default=None, help="default: the config's")
-    parser.add_argument("--model", default="efficientnet_lite0")
-    parser.add_argument("--load-fraction", type=float, default=0.25,
-                        help="offered load as a fraction of the measured capacity")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    store = (args.model_store or configured_model_store(args.config)).resolve()
-    outcome = drill(args.config, store, args.model, args.load_fraction)
-    if args.json:
-        print(json.dumps(outcome, indent=2))
-    else:
-        print(f"capacity {outcome['capacity_rps']} requests/s; offered {outcome['rate_rps']}/s")
-        print(markdown(outcome["steps"]))  # type: ignore[arg-type]
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,8 +5,8 @@ ours / built-in, batched / batch-1, served / in-process (the in-process handler 
 worker, times the number of workers).
 
     bash scripts/demo.sh            # a running server with the model API on
-    python scripts/compare.py --clients 16 --duration 20 --image-size small
-    python scripts/compare.py --clients 16 --duration 20 --image-size phone --json
+    torchserve-vision lab compare --clients 16 --duration 20 --image-size small
+    torchserve-vision lab compare --clients 16 --duration 20 --image-size phone --json
 
 The built-in handler's archive is the same EfficientNet-Lite0 weights as TorchScript, with
 `--handler image_classifier` (Pillow decode, per-image torchvision transforms); it normalises with
@@ -16,33 +16,23 @@ its cost. The extra models are unregistered at the end.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from scripts.benchmark_images import SIZES, benchmark_jpeg  # noqa: E402
-from scripts.build_archives import resolve_labels  # noqa: E402
-from scripts.loadgen import LoadTarget, Report, run_closed_loop  # noqa: E402
-from scripts.management_client import TorchServeClient  # noqa: E402
-from scripts.profile_model import profile_archive  # noqa: E402
-from scripts.rollout import (  # noqa: E402
-    ServingSettings,
-    archive_manifest,
-    default_version,
-    versions_of,
-    wait_for_workers,
-)
+from torchserve_vision.archives.versions import archive_manifest
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.lab.loadgen import LoadTarget, Report, run_closed_loop
+from torchserve_vision.lab.profile import profile_archive
+from torchserve_vision.model_descriptions import ServingSettings, resolve_labels
+from torchserve_vision.rollout import wait_for_workers
+from torchserve_vision.server_state import default_version, versions_of
 
 BUILTIN = "builtin_efficientnet_lite0"
 BATCH_ONE = "efficientnet_lite0_batch1"
@@ -52,7 +42,7 @@ def build_builtin_archive(store: Path) -> str:
     """EfficientNet-Lite0 (the same real weights) as TorchScript for TorchServe's image_classifier."""
     import timm
 
-    from scripts.pretrained_weights import efficientnet_lite0_state_dict
+    from torchserve_vision.archives.pretrained_weights import efficientnet_lite0_state_dict
 
     name = f"{BUILTIN}.mar"
     if (store / name).is_file():
@@ -148,36 +138,3 @@ def compare(client: TorchServeClient, store: Path, model: str, image: bytes, cli
                 reports["ours_one_client"].latency_ms["p50"] - in_process_one_ms,
         },
     }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="efficientnet_lite0")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--image-size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--model-store", type=Path, default=REPO_ROOT / "model_store")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    client = TorchServeClient.from_environment()
-    result = compare(client, args.model_store, args.model, benchmark_jpeg(args.image_size),
-                     args.clients, args.duration)
-    result["image"] = args.image_size
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    print(f"{args.model}, {args.image_size} JPEG, {args.clients} clients, settings {result['settings']}")
-    for name, rps in result["throughput_rps"].items():
-        print(f"  {name:20s} {rps:7.1f} req/s  p50 {result['p50_ms'][name]:7.1f} ms  "
-              f"p99 {result['p99_ms'][name]:7.1f} ms")
-    print(f"  in-process handler path at batch {result['settings']['batch_size']}: "
-          f"{result['in_process_handler_rps']:.1f} img/s; model batching gain in-process "
-          f"{result['in_process_model_batching_gain']:.2f}x")
-    for name, value in result["ratios"].items():
-        print(f"  {name:45s} {value:7.2f}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

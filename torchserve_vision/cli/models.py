@@ -1,63 +1,61 @@
-"""Manage models on a live TorchServe: list, describe, register, scale, set-default, unregister,
-and safe versioned rollouts and rollbacks.
-
-    python scripts/manage_models.py list
-    python scripts/manage_models.py describe efficientnet_lite0 --json
-    python scripts/manage_models.py register efficientnet_lite0-2.0.mar --batch-size 8 --workers 1
-    python scripts/manage_models.py scale efficientnet_lite0 --version 2.0 --min 2 --max 2
-    python scripts/manage_models.py scale efficientnet_lite0 --workers-per-gpu 2
-    python scripts/manage_models.py rollout efficientnet_lite0 efficientnet_lite0-2.0.mar \\
-        --expect-label "tiger cat" --expect-label tabby --expect-label "Egyptian cat"
-    python scripts/manage_models.py rollout efficientnet_lite0 --same-archive --batch-size 16 \\
-        --max-batch-delay 5          # new batch settings, rolled out as a new version
-    python scripts/manage_models.py rollback efficientnet_lite0
-
-The management address comes from --management-url or TS_MANAGEMENT_URL (default
-http://127.0.0.1:8081), the inference address from --inference-url or TS_INFERENCE_URL. With token
-authorization on, pass TorchServe's key file with --key-file or TS_KEY_FILE. --dry-run prints the
-calls that would change the server (reads still run). Exit status: 0 on success, 1 when the server
-refused or a rollout failed (and was undone), 2 for bad arguments.
-"""
+"""`torchserve-vision models ...`: manage models on a live TorchServe: list, describe, register,
+scale, set-default, unregister, and safe versioned rollouts and rollbacks."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from scripts.management_client import ManagementError, TorchServeClient  # noqa: E402
-from scripts.rollout import (  # noqa: E402
-    WORKERS_DEADLINE_MARGIN_S,
-    RolloutError,
-    RolloutInterrupted,
-    RolloutPlan,
-    ServingSettings,
+from torchserve_vision import paths
+from torchserve_vision.archives.versions import (
     archive_manifest,
     archive_with_version,
-    default_version,
+    settings_version,
+)
+from torchserve_vision.cli.common import (
+    client_from,
+    connection_flags,
+    json_flag,
+    model_store_flag,
+    subcommand,
+)
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.photos import photo_path
+from torchserve_vision.rollout import (
+    WORKERS_DEADLINE_MARGIN_S,
+    RolloutError,
+    RolloutPlan,
     record,
     rollback,
     rollout,
     scale,
-    settings_version,
     wait_for_workers,
 )
+from torchserve_vision.server_state import default_version
 
-DEFAULT_STORE = REPO_ROOT / "model_store"
-DEFAULT_HISTORY = REPO_ROOT / ".run" / "rollout_history.json"
+DESCRIPTION = """\
+Manage models on a live TorchServe: list, describe, register, scale, set-default, unregister,
+and safe versioned rollouts and rollbacks (each undone on failure, recorded for rollback).
 
+  torchserve-vision models list
+  torchserve-vision models describe efficientnet_lite0 --json
+  torchserve-vision models register efficientnet_lite0-2.0.mar --batch-size 8 --workers 1
+  torchserve-vision models scale efficientnet_lite0 --version 2.0 --min 2 --max 2
+  torchserve-vision models scale efficientnet_lite0 --workers-per-gpu 2
+  torchserve-vision models rollout efficientnet_lite0 efficientnet_lite0-2.0.mar \\
+      --expect-label "tiger cat" --expect-label tabby --expect-label "Egyptian cat"
+  torchserve-vision models rollout efficientnet_lite0 --same-archive --batch-size 16 \\
+      --max-batch-delay 5          # new batch settings, rolled out as a new version
+  torchserve-vision models rollback efficientnet_lite0 --dry-run
 
-def default_smoke_image() -> Path:
-    import skimage
-
-    return Path(skimage.__file__).parent / "data" / "chelsea.png"
+A subcommand that acts on one model takes its name first. --dry-run prints the calls that would
+change the server (reads still run). Exit status: 0 done, 1 the server refused or a rollout
+failed (and was undone), 2 bad arguments, 130 interrupted (and undone).
+"""
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -141,7 +139,7 @@ def command_scale(client: TorchServeClient, args: argparse.Namespace) -> None:
     current = client.describe(args.model, args.version)[0]
     low, high = worker_counts(args, client, (current["minWorkers"], current["maxWorkers"]))
     entry = scale(client, args.model, current["modelVersion"], low, high, args.model_store,
-                  default_smoke_image().read_bytes(), print, args.timeout)
+                  photo_path().read_bytes(), print, args.timeout)
     if entry and not client.dry_run:
         record(args.history, entry)
 
@@ -226,24 +224,20 @@ def add_batching(parser: argparse.ArgumentParser) -> None:
                         help="seconds a worker may take to load before TorchServe restarts it")
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--management-url", help="default: $TS_MANAGEMENT_URL or :8081 on 127.0.0.1")
-    common.add_argument("--inference-url", help="default: $TS_INFERENCE_URL or :8080 on 127.0.0.1")
-    common.add_argument("--key-file", help="TorchServe's key_file.json (default: $TS_KEY_FILE)")
+def register(commands: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False, parents=[connection_flags(), json_flag(),
+                                                              model_store_flag()])
     common.add_argument("--dry-run", action="store_true", help="print changing calls, do not send")
-    common.add_argument("--json", action="store_true", help="print JSON instead of text")
-    common.add_argument("--model-store", type=Path, default=DEFAULT_STORE)
-    common.add_argument("--history", type=Path, default=DEFAULT_HISTORY,
-                        help="rollout history file (for rollback)")
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("list", parents=[common], help="models, versions, workers, queues")
-    describe = commands.add_parser("describe", parents=[common], help="one model's versions")
+    common.add_argument("--history", type=Path, default=paths.ROLLOUT_HISTORY,
+                        help=f"rollout history file, for rollback (default: {paths.ROLLOUT_HISTORY})")
+    parser = subcommand(commands, "models",
+                        "list, register, scale, roll out and roll back model versions", DESCRIPTION)
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("list", parents=[common], help="models, versions, workers, queues")
+    describe = actions.add_parser("describe", parents=[common], help="one model's versions")
     describe.add_argument("model")
     describe.add_argument("--version", default="all")
-    register = commands.add_parser("register", parents=[common], help="register an archive")
+    register = actions.add_parser("register", parents=[common], help="register an archive")
     register.add_argument("archive", help="a .mar file name in the model store")
     add_workers(register, with_total=True)
     register.add_argument("--batch-size", type=int, default=8)
@@ -251,20 +245,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     register.add_argument("--response-timeout", type=int, default=60, help="seconds")
     register.add_argument("--startup-timeout", type=int, default=120,
                           help="seconds a worker may take to load before TorchServe restarts it")
-    scale = commands.add_parser("scale", parents=[common], help="set a version's worker counts")
+    scale = actions.add_parser("scale", parents=[common], help="set a version's worker counts")
     scale.add_argument("model")
     scale.add_argument("--version", default=None, help="default: the default version")
     add_workers(scale, with_total=True)
-    set_default = commands.add_parser("set-default", parents=[common])
+    set_default = actions.add_parser("set-default", parents=[common], help="make a version the default")
     set_default.add_argument("model")
-    set_default.add_argument("version")
-    unregister = commands.add_parser("unregister", parents=[common])
+    set_default.add_argument("--version", required=True)
+    unregister = actions.add_parser("unregister", parents=[common], help="remove a version")
     unregister.add_argument("model")
-    unregister.add_argument("version")
+    unregister.add_argument("--version", required=True)
     for name in ("rollout", "rollback"):
-        sub = commands.add_parser(name, parents=[common],
-                                  help="safe version swap" if name == "rollout"
-                                  else "back to the version before the current one")
+        sub = actions.add_parser(name, parents=[common],
+                                 help="safe version swap" if name == "rollout"
+                                 else "back to the version before the current one")
         sub.add_argument("model")
         if name == "rollout":
             sub.add_argument("archive", nargs="?", help="the new version's .mar in the model store")
@@ -277,16 +271,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             sub.add_argument("--keep-old", action="store_true", help="leave the old version registered")
         add_batching(sub)
         add_workers(sub, with_total=True)
-        sub.add_argument("--smoke-image", type=Path, default=None, help="default: chelsea.png")
+        sub.add_argument("--smoke-image", type=Path, default=photo_path(),
+                         help="default: scikit-image's chelsea.png")
         sub.add_argument("--drain-timeout", type=float, default=120.0)
         sub.add_argument("--drain-grace", type=float, default=2.0,
                          help="seconds to wait after the old queue empties, for its last batch")
         sub.set_defaults(expect_label=None, compare_with_current=False, keep_old=False,
                          same_archive=False, archive=None)
-    args = parser.parse_args(argv)
-    if getattr(args, "smoke_image", None) is None and args.command in ("rollout", "rollback"):
-        args.smoke_image = default_smoke_image()
-    return args
+    parser.set_defaults(run=run)
 
 
 COMMANDS = {"list": command_list, "describe": command_describe, "register": command_register,
@@ -294,23 +286,6 @@ COMMANDS = {"list": command_list, "describe": command_describe, "register": comm
             "unregister": command_unregister, "rollout": command_rollout, "rollback": command_rollback}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    client = TorchServeClient.from_environment(args.management_url, args.inference_url,
-                                               args.key_file, args.dry_run)
-    try:
-        COMMANDS[args.command](client, args)
-    except RolloutInterrupted as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 130
-    except (ManagementError, RolloutError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+def run(args: argparse.Namespace) -> int:
+    COMMANDS[args.action](client_from(args, args.dry_run), args)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,19 @@
-"""Read and write TorchServe's `config.properties` (Java properties with `\\` line continuations)."""
+"""Read and write TorchServe's `config.properties` (Java properties with `\\` line continuations),
+including the `load_models=` / `models=` entries generated from the model descriptions."""
 
 from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from torchserve_vision.model_descriptions import ModelDescription
+
+
+class ConfigError(RuntimeError):
+    """A config file cannot be read or updated as asked."""
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -72,3 +79,39 @@ def server_config(directory: Path, model_store: Path, base_config: Path, **overr
     path = directory / "config.properties"
     path.write_text(render_properties(properties))
     return path
+
+
+def models_entry(descriptions: Sequence[ModelDescription]) -> dict[str, Any]:
+    """The `models=` JSON TorchServe reads at start: batch and worker settings per model version."""
+    entry: dict[str, Any] = {}
+    for description in descriptions:
+        serving = description.serving
+        entry.setdefault(description.name, {})[description.version] = {
+            "defaultVersion": True,
+            "marName": description.archive_name,
+            "minWorkers": serving.min_workers,
+            "maxWorkers": serving.max_workers,
+            "batchSize": serving.batch_size,
+            "maxBatchDelay": serving.max_batch_delay_ms,
+            "responseTimeout": serving.response_timeout_s,
+        }
+    return entry
+
+
+def render_models_block(descriptions: Sequence[ModelDescription]) -> str:
+    lines = json.dumps(models_entry(descriptions), indent=2).splitlines()
+    names = ",".join(description.archive_name for description in descriptions)
+    return f"load_models={names}\nmodels=" + "\\\n".join(lines) + "\n"
+
+
+def write_models_block(config_path: Path, descriptions: Sequence[ModelDescription]) -> None:
+    """Replace the `load_models=` and `models=` entries (which must come last) of config_path."""
+    text = config_path.read_text(encoding="utf-8")
+    start = text.find("\nload_models=")
+    if start < 0:
+        raise ConfigError(f"{config_path} has no 'load_models=' line to replace")
+    config_path.write_text(text[: start + 1] + render_models_block(descriptions), encoding="utf-8")
+
+
+def config_in_sync(config_path: Path, descriptions: Sequence[ModelDescription]) -> bool:
+    return models_property(config_path) == models_entry(descriptions)

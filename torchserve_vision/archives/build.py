@@ -1,39 +1,29 @@
-"""Build TorchServe model archives (.mar) from short declarative model descriptions.
-
-    python scripts/build_archives.py                      # every model in config/models.yaml
-    python scripts/build_archives.py --only efficientnet_lite0
-    python scripts/build_archives.py --name resnet50 --source torchvision --architecture resnet50 \\
-        --weights ~/resnet50.pth --labels imagenet        # one model from flags
+"""Build TorchServe model archives (.mar) from model descriptions.
 
 Each archive `<name>-<version>.mar` lands in the model store with the `handlers/` package, the
 class names and the handler's settings inside it, so it is self-contained. Weights are checked
-against the architecture before archiving; any problem stops the build with a message.
-`--write-config` rewrites the `models=`/`load_models=` entries of config.properties from the
-descriptions' serving settings; `--check-config` fails when they differ.
+against the architecture before archiving; a classifier with `compile:` gets ahead-of-time
+compiled packages (see compile_ahead.py). Any problem stops the build with a BuildError.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from handlers.compiled_model import CompiledPackage  # noqa: E402
-from handlers.model_loading import create_architecture, load_model, load_state_dict_model  # noqa: E402
-from handlers.settings import (  # noqa: E402
+import handlers
+from handlers.compiled_model import CompiledPackage
+from handlers.model_loading import create_architecture, load_model, load_state_dict_model
+from handlers.settings import (
     ModelSource,
     SettingsError,
     parse_classifier_settings,
@@ -41,18 +31,17 @@ from handlers.settings import (  # noqa: E402
     parse_detector_settings,
     parse_model_source,
 )
-from scripts.compile_ahead import CompileRequest, compile_packages  # noqa: E402
-from scripts.fixed_seed_weights import fixed_seed_model  # noqa: E402
-from scripts.pretrained_weights import WeightsError, packaged_state_dict  # noqa: E402
-from scripts.rollout import ServingSettings  # noqa: E402
-from scripts.torchserve_config import models_property  # noqa: E402
+from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
+from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
+from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
+from torchserve_vision.model_descriptions import (
+    DescriptionError,
+    ModelDescription,
+    ServingSettings,
+    resolve_labels,
+)
 
-DEFAULT_DESCRIPTIONS = REPO_ROOT / "config" / "models.yaml"
-DEFAULT_MODEL_STORE = REPO_ROOT / "model_store"
-DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
-PRODUCTION_CONFIG = REPO_ROOT / "config" / "config.production.properties"
-DEFAULT_CONFIGS = (DEFAULT_CONFIG, PRODUCTION_CONFIG)
-HANDLER_PACKAGE = REPO_ROOT / "handlers"
+HANDLER_PACKAGE = Path(handlers.__file__).resolve().parent
 ENTRY_MODULES = {"classification": "image_classifier.py", "detection": "object_detector.py"}
 SETTINGS_PARSERS: dict[str, Callable[[Mapping[str, Any]], object]] = {
     "classification": parse_classifier_settings,
@@ -64,82 +53,6 @@ SERIALIZED_NAMES = {"timm": "model.pt", "torchvision": "model.pt", "torchscript"
 
 class BuildError(RuntimeError):
     """A description or its files cannot make a working archive."""
-
-
-@dataclass(frozen=True)
-class ModelDescription:
-    name: str
-    version: str
-    task: str
-    source: str
-    architecture: str | None
-    weights: str
-    labels: str
-    num_classes: int | None = None
-    builder_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    handler_options: Mapping[str, Any] = field(default_factory=dict)
-    serving: ServingSettings = field(default_factory=ServingSettings)
-
-    @property
-    def archive_name(self) -> str:
-        return f"{self.name}-{self.version}.mar"
-
-
-# --- descriptions -----------------------------------------------------------------------------
-def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
-    """One entry of models.yaml -> ModelDescription; BuildError naming what is missing or wrong."""
-    try:
-        model = raw["model"]
-        description = ModelDescription(
-            name=str(raw["name"]),
-            version=str(raw.get("version", "1.0")),
-            task=str(raw.get("task", "classification")),
-            source=str(model["source"]),
-            architecture=model.get("architecture"),
-            weights=str(model["weights"]),
-            labels=str(raw["labels"]),
-            num_classes=model.get("num_classes"),
-            builder_kwargs=dict(model.get("kwargs") or {}),
-            handler_options=dict(raw.get("handler", {})),
-            serving=ServingSettings(**raw.get("serving", {})),
-        )
-    except KeyError as error:
-        raise BuildError(f"model description {raw.get('name', '?')!r} lacks {error}") from None
-    except TypeError as error:
-        raise BuildError(f"model description {raw.get('name', '?')!r}: {error}") from None
-    if description.task not in ENTRY_MODULES:
-        raise BuildError(f"{description.name}: unknown task {description.task!r}; "
-                         f"known: {', '.join(ENTRY_MODULES)}")
-    return description
-
-
-def load_descriptions(path: Path) -> list[ModelDescription]:
-    if not path.is_file():
-        raise BuildError(f"no model description file at {path}")
-    document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return [parse_description(raw) for raw in document.get("models", [])]
-
-
-# --- labels -------------------------------------------------------------------------------------
-def resolve_labels(spec: str) -> list[str]:
-    """`imagenet` / `coco`: class names from torchvision's weight metadata; else a labels file."""
-    if spec == "imagenet":
-        from torchvision.models import ResNet50_Weights
-
-        return list(ResNet50_Weights.DEFAULT.meta["categories"])
-    if spec == "coco":
-        from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
-
-        return list(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
-    path = Path(spec).expanduser()
-    if not path.is_file():
-        raise BuildError(f"labels file not found: {path} (or use 'imagenet' / 'coco')")
-    from handlers.model_loading import load_labels
-
-    try:
-        return load_labels(path)
-    except ValueError as error:
-        raise BuildError(str(error)) from None
 
 
 # --- weights ------------------------------------------------------------------------------------
@@ -295,7 +208,10 @@ def handler_section(description: ModelDescription, num_classes: int | None,
 def stage_files(description: ModelDescription, staging: Path) -> Path:
     """Write weights, labels, YAML and the handlers package into `staging`; return the weights."""
     request = compile_request(description)  # checked before any weights are made
-    labels = resolve_labels(description.labels)
+    try:
+        labels = resolve_labels(description.labels)
+    except DescriptionError as error:
+        raise BuildError(f"{description.name}: {error}") from None
     num_classes = description.num_classes
     if description.source in ("timm", "torchvision"):
         num_classes = num_classes or len(labels)
@@ -358,125 +274,3 @@ def build_archive(description: ModelDescription, store: Path) -> Path:
         staging = Path(tmp)
         weights = stage_files(description, staging)
         return run_archiver(description, staging, weights, store)
-
-
-# --- config.properties ----------------------------------------------------------------------------
-def models_entry(descriptions: Sequence[ModelDescription]) -> dict[str, Any]:
-    """The `models=` JSON TorchServe reads at start: batch and worker settings per model version."""
-    entry: dict[str, Any] = {}
-    for description in descriptions:
-        serving = description.serving
-        entry.setdefault(description.name, {})[description.version] = {
-            "defaultVersion": True,
-            "marName": description.archive_name,
-            "minWorkers": serving.min_workers,
-            "maxWorkers": serving.max_workers,
-            "batchSize": serving.batch_size,
-            "maxBatchDelay": serving.max_batch_delay_ms,
-            "responseTimeout": serving.response_timeout_s,
-        }
-    return entry
-
-
-def render_models_block(descriptions: Sequence[ModelDescription]) -> str:
-    lines = json.dumps(models_entry(descriptions), indent=2).splitlines()
-    names = ",".join(description.archive_name for description in descriptions)
-    return f"load_models={names}\nmodels=" + "\\\n".join(lines) + "\n"
-
-
-def write_models_block(config_path: Path, descriptions: Sequence[ModelDescription]) -> None:
-    """Replace the `load_models=` and `models=` entries (which must come last) of config_path."""
-    text = config_path.read_text(encoding="utf-8")
-    start = text.find("\nload_models=")
-    if start < 0:
-        raise BuildError(f"{config_path} has no 'load_models=' line to replace")
-    config_path.write_text(text[: start + 1] + render_models_block(descriptions), encoding="utf-8")
-
-
-def config_in_sync(config_path: Path, descriptions: Sequence[ModelDescription]) -> bool:
-    return models_property(config_path) == models_entry(descriptions)
-
-
-# --- command line ---------------------------------------------------------------------------------
-def description_from_flags(args: argparse.Namespace) -> ModelDescription:
-    options: dict[str, Any] = {}
-    if args.top_k:
-        options["top_k"] = args.top_k
-    if args.task == "detection":
-        options["detection"] = {"output": args.detection_output}
-        if args.input_size:
-            options["detection"]["input_size"] = args.input_size
-    labels = args.labels or ("coco" if args.task == "detection" else "imagenet")
-    return parse_description({
-        "name": args.name, "version": args.version, "task": args.task, "labels": labels,
-        "model": {"source": args.source, "architecture": args.architecture,
-                  "weights": args.weights, "num_classes": args.num_classes, "kwargs": args.kwargs},
-        "handler": options,
-    })
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=Path, default=DEFAULT_DESCRIPTIONS,
-                        help="model description YAML (default: config/models.yaml)")
-    parser.add_argument("--only", nargs="*", default=None, help="build only these model names")
-    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
-    parser.add_argument("--write-config", type=Path, nargs="*",
-                        help="rewrite load_models=/models= of these configs (default: config/"
-                             "config.properties and config/config.production.properties)")
-    parser.add_argument("--check-config", type=Path, nargs="*",
-                        help="exit 1 when these configs (default: both) disagree with the descriptions")
-    single = parser.add_argument_group("one model from flags (instead of --models)")
-    single.add_argument("--name")
-    single.add_argument("--version", default="1.0")
-    single.add_argument("--task", default="classification", choices=sorted(ENTRY_MODULES))
-    single.add_argument("--source", choices=sorted(SERIALIZED_NAMES), default="torchvision")
-    single.add_argument("--architecture", help="timm or torchvision model name, e.g. resnet50")
-    single.add_argument("--weights", help="state-dict file, or TorchScript / torch.export file")
-    single.add_argument("--labels", help="imagenet, coco, or a labels file "
-                        "(default: imagenet for classification, coco for detection)")
-    single.add_argument("--num-classes", type=int)
-    single.add_argument("--top-k", type=int, help="classification: classes returned")
-    single.add_argument("--detection-output", choices=("torchvision", "yolo"), default="torchvision",
-                        help="detection: a torchvision detector, or a YOLO-style [B, 4+C, N] model")
-    single.add_argument("--input-size", type=int, help="detection (yolo): square input size")
-    single.add_argument("--kwargs", type=json.loads, default={},
-                        help='JSON keyword arguments for the architecture builder, e.g. '
-                             '\'{"box_score_thresh": 0.01}\'')
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        if args.name:
-            if not args.weights:
-                raise BuildError("--weights is required with --name")
-            descriptions = [description_from_flags(args)]
-        else:
-            descriptions = load_descriptions(args.models)
-        if args.check_config is not None:
-            results = {path: config_in_sync(path, descriptions)
-                       for path in args.check_config or DEFAULT_CONFIGS}
-            for path, in_sync in results.items():
-                print(f"{path}: {'in sync' if in_sync else 'OUT OF SYNC'} with {args.models}")
-            return 0 if all(results.values()) else 1
-        chosen = [d for d in descriptions if args.only is None or d.name in args.only]
-        if args.only and len(chosen) != len(set(args.only)):
-            raise BuildError(f"--only names not in {args.models}: "
-                             f"{sorted(set(args.only) - {d.name for d in chosen})}")
-        for description in chosen:
-            print(f"built {build_archive(description, args.model_store)}", flush=True)
-        if args.write_config is not None:
-            for path in args.write_config or DEFAULT_CONFIGS:
-                write_models_block(path, descriptions)
-                print(f"wrote load_models/models of {path}")
-    except BuildError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,15 +4,10 @@ sizes users send (nothing is downloaded)."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 from PIL import Image
 
-
-def photo_path(name: str) -> Path:
-    import skimage
-
-    return Path(skimage.__file__).parent / "data" / name
+from torchserve_vision.photos import photo_path
 
 
 def jpeg_of(name: str, size_wh: tuple[int, int], quality: int = 90) -> bytes:

@@ -1,8 +1,8 @@
 """Measure how fast workers become READY: a cold and a warm server start, a killed worker's
 replacement, a scale-up worker, and a new version registered beside the default.
 
-    python scripts/measure_startup.py                       # config/config.properties, model_store/
-    taskset -c 0 python scripts/measure_startup.py          # the same on one core (a slower CPU)
+    torchserve-vision lab startup                # config/config.properties, model_store/
+    taskset -c 0 .venv/bin/torchserve-vision lab startup # the same on one core (a slower CPU)
 
 The server runs on free 127.0.0.1 ports in its own run directory (beside a running demo), from
 the archives in the model store; nothing is compiled at start. Each figure is wall time from the
@@ -12,29 +12,22 @@ ready, from their log lines) is printed too. Prints a Markdown table; --json for
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from scripts.management_client import TorchServeClient  # noqa: E402
-from scripts.rollout import archive_with_version, kill_worker_and_wait, ready_workers  # noqa: E402
-from scripts.torchserve_config import server_config  # noqa: E402
-from scripts.torchserve_process import (  # noqa: E402
-    DEFAULT_CONFIG,
+from torchserve_vision.archives.versions import archive_with_version
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.server_process import (
     TorchServeInstance,
-    configured_model_store,
     instance_for,
     start,
     stop,
 )
+from torchserve_vision.server_state import kill_worker_and_wait, ready_workers
+from torchserve_vision.torchserve_config import server_config
 
 READY_LINE = re.compile(r"worker ready model=(\S+) version=(\S+) device=\S+ runner=(\S+) .*"
                         r"startup_ms=(\d+)")
@@ -111,22 +104,3 @@ def markdown(figures: dict[str, float | list[tuple[str, str, int]]]) -> str:
             shown = f"{value:.1f}"
         lines.append(f"| {name} | {shown} |")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    parser.add_argument("--model-store", type=Path, default=None, help="default: the config's")
-    parser.add_argument("--model", default="efficientnet_lite0",
-                        help="the model killed, scaled and registered again")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    store = (args.model_store or configured_model_store(args.config)).resolve()
-    figures = measure(args.config, store, args.model)
-    print(json.dumps(figures, indent=2) if args.json else markdown(figures))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

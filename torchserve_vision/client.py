@@ -1,4 +1,5 @@
-"""A small client for TorchServe's management and inference APIs.
+"""The one HTTP client for TorchServe's inference and management APIs (every command, the
+rollouts and the lab use it; the load generator takes its keys from it).
 
 - Token authorization: with a key file (TorchServe writes `key_file.json` into its working
   directory), every call carries the right key; an expired key (by the file's expiration time,
@@ -175,10 +176,34 @@ class TorchServeClient:
     def unregister(self, model: str, version: str) -> Any:
         return self.call("DELETE", f"/models/{model}/{version}")
 
-    def predict(self, model: str, version: str | None, image: bytes) -> Any:
-        path = f"/predictions/{model}" + (f"/{version}" if version else "")
-        return self.call("POST", path, kind="inference", data=image,
-                         headers={"Content-Type": "application/octet-stream"})
+    # --- the inference API -------------------------------------------------------------------
+    def prediction_url(self, model: str, version: str | None = None) -> str:
+        return self.inference_url + prediction_path(model, version)
+
+    def inference_headers(self) -> dict[str, str]:
+        """Headers for posting raw image bytes (with the inference key when tokens are on), for
+        callers that keep their own connections (the load generator)."""
+        return {"Content-Type": "application/octet-stream", **self.auth_headers("inference")}
+
+    def predict(self, model: str, version: str | None, image: bytes,
+                headers: dict[str, str] | None = None) -> Any:
+        """POST the raw image bytes to /predictions/{model}[/{version}]; `headers` carry
+        per-request options (e.g. X-Score-Threshold)."""
+        return self.call("POST", prediction_path(model, version), kind="inference", data=image,
+                         headers={"Content-Type": "application/octet-stream", **(headers or {})})
+
+    def ping(self) -> bool:
+        """True when /ping answers Healthy (it does before any model is loaded: see
+        server_state.models_ready)."""
+        try:
+            answer = self.call("GET", "/ping", kind="inference")
+        except (ManagementError, KeyError):
+            return False
+        return isinstance(answer, dict) and answer.get("status") == "Healthy"
+
+
+def prediction_path(model: str, version: str | None = None) -> str:
+    return f"/predictions/{model}" + (f"/{version}" if version else "")
 
 
 def server_message(answer: requests.Response) -> str:

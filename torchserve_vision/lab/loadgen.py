@@ -1,33 +1,30 @@
 """Load generator for /predictions/{model}[/{version}] with real image bodies.
 
     # closed loop: 16 clients sending back to back for 20 s
-    python scripts/loadgen.py --model efficientnet_lite0 --clients 16 --duration 20
+    torchserve-vision lab load --model efficientnet_lite0 --clients 16 --duration 20
     # open loop: Poisson arrivals at 50 requests/s for 30 s (queueing shows as in production)
-    python scripts/loadgen.py --model efficientnet_lite0 --rate 50 --duration 30 --json
+    torchserve-vision lab load --model efficientnet_lite0 --rate 50 --duration 30 --json
     # the client's own ceiling, against a built-in server that answers at once
-    python scripts/loadgen.py --self-test --clients 8 --duration 5
+    torchserve-vision lab load --self-test --clients 8 --duration 5
 
 Every client thread keeps one HTTP/1.1 keep-alive connection (http.client, no per-request
-set-up). Open-loop latency is measured from each request's scheduled arrival time, so time spent
-waiting for a free client counts (no coordinated omission). Runs are bounded by --duration and
---max-requests.
+set-up: the generator is a measuring instrument, and every microsecond of client CPU would count
+as server latency); the URL and the inference key come from the project's client. Open-loop
+latency is measured from each request's scheduled arrival time, so time spent waiting for a free
+client counts (no coordinated omission). Runs are bounded by --duration and --max-requests.
 """
 
 from __future__ import annotations
 
-import argparse
 import http.client
-import json
 import queue
 import socket
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
@@ -248,67 +245,3 @@ def instant_server() -> tuple[ThreadingHTTPServer, str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _InstantHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/predictions/instant"
-
-
-# --- command line -------------------------------------------------------------------------------
-def progress_printer(total: int | None) -> Progress:
-    last = [0.0]
-
-    def show(done: int) -> None:
-        now = time.monotonic()
-        if now - last[0] >= 1.0:
-            last[0] = now
-            print(f"\r  {done}{f'/{total}' if total else ''} answers", end="", file=sys.stderr,
-                  flush=True)
-    return show
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default="http://127.0.0.1:8080", help="inference address")
-    parser.add_argument("--model", default="efficientnet_lite0")
-    parser.add_argument("--version")
-    parser.add_argument("--image", type=Path, action="append",
-                        help="image file(s) to send, in turn (default: scikit-image's chelsea.png)")
-    parser.add_argument("--clients", type=int, default=8, help="closed loop: concurrent clients")
-    parser.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds")
-    parser.add_argument("--max-requests", type=int, default=1_000_000)
-    parser.add_argument("--max-in-flight", type=int, default=256, help="open loop: client threads")
-    parser.add_argument("--header", action="append", default=[], help="extra header, NAME=VALUE")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--self-test", action="store_true",
-                        help="measure the client's own ceiling against an instant local server")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.image:
-        bodies = [path.read_bytes() for path in args.image]
-    else:
-        import skimage
-
-        bodies = [(Path(skimage.__file__).parent / "data" / "chelsea.png").read_bytes()]
-    url = f"{args.url.rstrip('/')}/predictions/{args.model}" + (f"/{args.version}" if args.version else "")
-    if args.self_test:
-        _server, url = instant_server()
-    headers = {"Content-Type": "application/octet-stream",
-               **dict(item.split("=", 1) for item in args.header)}
-    target = LoadTarget(url, bodies, headers)
-    progress = None if args.json else progress_printer(None)
-    if args.rate:
-        report = run_open_loop(target, args.rate, args.duration, args.max_requests,
-                               args.max_in_flight, args.seed, progress)
-    else:
-        report = run_closed_loop(target, args.clients, args.duration, args.max_requests, progress)
-    if progress:
-        print(file=sys.stderr)
-    print(json.dumps(asdict(report), indent=2) if args.json else report.table())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

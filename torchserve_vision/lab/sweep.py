@@ -1,18 +1,17 @@
 """Sweep batch size x max batch delay (x workers) for a model on a running TorchServe.
 
 For each combination the model is rolled out with those settings (a new version of the same
-archive, swapped in without downtime by scripts/rollout.py), driven by the load generator at each
+archive, swapped in without downtime (see rollout.py)), driven by the load generator at each
 load level, and measured. Results go to <out>.json, <out>.csv and <out>.png (throughput vs p99,
 one curve per setting, the SLA line, the chosen operating point marked). The original settings
 are restored at the end.
 
-    python scripts/sweep.py --model efficientnet_lite0 --batch-sizes 1 4 8 --delays 5 20 \\
+    torchserve-vision lab sweep --model efficientnet_lite0 --batch-sizes 1 4 8 --delays 5 20 \\
         --clients 1 4 16 32 --duration 8 --sla-ms 500 --out docs/sweep-cpu
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -21,20 +20,12 @@ from dataclasses import asdict, dataclass, replace
 from itertools import product
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from scripts.benchmark_images import SIZES, benchmark_jpeg  # noqa: E402
-from scripts.loadgen import LoadTarget, run_closed_loop  # noqa: E402
-from scripts.management_client import TorchServeClient  # noqa: E402
-from scripts.rollout import (  # noqa: E402
-    RolloutPlan,
-    ServingSettings,
-    archive_with_version,
-    default_version,
-    rollout,
-    settings_version,
-)
+from torchserve_vision.archives.versions import archive_with_version, settings_version
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop
+from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.rollout import RolloutError, RolloutPlan, rollout
+from torchserve_vision.server_state import default_version
 
 
 @dataclass(frozen=True)
@@ -127,55 +118,33 @@ def plot(points: Sequence[SweepPoint], chosen: SweepPoint | None, sla_ms: float,
     plt.close(figure)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="efficientnet_lite0")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--delays", type=int, nargs="+", default=[5, 20], help="max batch delay, ms")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1])
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 32],
-                        help="closed-loop load levels")
-    parser.add_argument("--duration", type=float, default=8.0, help="seconds per load level")
-    parser.add_argument("--sla-ms", type=float, default=500.0, help="p99 latency target")
-    parser.add_argument("--image-size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / ".run" / "sweep")
-    parser.add_argument("--model-store", type=Path, default=REPO_ROOT / "model_store")
-    parser.add_argument("--management-url")
-    parser.add_argument("--inference-url")
-    parser.add_argument("--key-file")
-    args = parser.parse_args(argv)
-    client = TorchServeClient.from_environment(args.management_url, args.inference_url, args.key_file)
-    original = default_version(client, args.model)
+
+def run_sweep(client: TorchServeClient, model: str, store: Path, batch_sizes: Sequence[int],
+              delays_ms: Sequence[int], workers: Sequence[int], clients: Sequence[int],
+              duration_s: float, image: bytes) -> list[SweepPoint]:
+    """Measure every combination of settings at every load level; the model's original settings
+    are rolled back in at the end, whatever happened."""
+    original = default_version(client, model)
     if original is None:
-        raise SystemExit(f"{args.model} is not registered on {client.management_url}")
+        raise RolloutError(f"{model} is not registered on {client.management_url}")
     original_settings = ServingSettings.of_version(original)
-    image = benchmark_jpeg(args.image_size)
-    headers = {"Content-Type": "application/octet-stream",
-               **({"Authorization": f"Bearer {client.key_file.key('inference')}"} if client.key_file else {})}
-    target = LoadTarget(f"{client.inference_url}/predictions/{args.model}", [image], headers)
+    target = LoadTarget(client.prediction_url(model), [image], client.inference_headers())
     points: list[SweepPoint] = []
     try:
-        for batch, delay, workers in product(args.batch_sizes, args.delays, args.workers):
+        for batch, delay, count in product(batch_sizes, delays_ms, workers):
             settings = replace(original_settings, batch_size=batch, max_batch_delay_ms=delay,
-                               min_workers=workers, max_workers=workers)
-            apply_settings(client, args.model, args.model_store, settings, image)
-            points += measure(target, settings, args.clients, args.duration)
+                               min_workers=count, max_workers=count)
+            apply_settings(client, model, store, settings, image)
+            points += measure(target, settings, clients, duration_s)
     finally:
-        current = default_version(client, args.model)
+        current = default_version(client, model)
         if current is not None and ServingSettings.of_version(current) != original_settings:
-            rollout(client, RolloutPlan(args.model, original["modelUrl"], original_settings, image),
-                    args.model_store, lambda _m: None)
-    chosen = choose_operating_point(points, args.sla_ms)
-    write_results(points, chosen, args.sla_ms, args.out,
-                  f"{args.model}: throughput vs p99 ({args.image_size} JPEG)")
-    print("\n".join(f"B={p.batch_size:<3d} d={p.max_batch_delay_ms:<4d} W={p.workers} "
-                    f"clients={p.clients:<3d} {p.throughput_rps:7.1f} req/s  p50 {p.p50_ms:7.1f} ms  "
-                    f"p99 {p.p99_ms:7.1f} ms  errors {p.errors}" for p in points))
-    print(f"chosen (p99 <= {args.sla_ms:.0f} ms, highest throughput): {chosen}")
-    print(f"wrote {args.out.with_suffix('.json')}, .csv, .png")
-    return 0
+            rollout(client, RolloutPlan(model, original["modelUrl"], original_settings, image),
+                    store, lambda _m: None)
+    return points
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def points_table(points: Sequence[SweepPoint]) -> str:
+    return "\n".join(f"B={p.batch_size:<3d} d={p.max_batch_delay_ms:<4d} W={p.workers} "
+                     f"clients={p.clients:<3d} {p.throughput_rps:7.1f} req/s  p50 {p.p50_ms:7.1f} ms  "
+                     f"p99 {p.p99_ms:7.1f} ms  errors {p.errors}" for p in points)

@@ -3,37 +3,28 @@
 Every instance gets its own working directory (logs, key_file.json) and its own TMPDIR (TorchServe
 keeps its pid file in Python's temp dir, and refuses to start while another instance's exists), so
 several instances (the demo, test servers) run side by side and stopping one leaves the others.
-
-    python scripts/torchserve_process.py start [--config config/config.properties] [--run-dir .run]
-    python scripts/torchserve_process.py stop  [--run-dir .run] [--drain-timeout 30]
+`run_in_foreground` is the long-running form: start, serve until SIGTERM or SIGINT, drain, stop.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import requests
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from scripts.rollout import wait_for_empty_queue  # noqa: E402
-from scripts.torchserve_config import read_properties, render_properties  # noqa: E402
-
-DEFAULT_CONFIG = REPO_ROOT / "config" / "config.properties"
-DEFAULT_RUN_DIR = REPO_ROOT / ".run"
-# Frontend logging at INFO, each line once, written off the request path (see the file).
-DEFAULT_LOG_CONFIG = REPO_ROOT / "config" / "log4j2.xml"
+from torchserve_vision import paths
+from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
+from torchserve_vision.server_state import models_ready, queued_requests, wait_for_empty_queue
+from torchserve_vision.torchserve_config import read_properties, render_properties
 
 
 class ServerError(RuntimeError):
@@ -47,7 +38,7 @@ class TorchServeInstance:
     inference_url: str
     management_url: str
     metrics_url: str
-    log_config: Path | None = DEFAULT_LOG_CONFIG  # None: TorchServe's built-in log4j2 config
+    log_config: Path | None = paths.LOG_CONFIG  # None: TorchServe's built-in log4j2 config
 
     @property
     def tmp_dir(self) -> Path:
@@ -81,10 +72,13 @@ class TorchServeInstance:
 
     def auth_headers(self, kind: str) -> dict[str, str]:
         """The `kind` ("inference" / "management") key when token authorization is on."""
-        if not self.key_file.is_file():
-            return {}
-        key = json.loads(self.key_file.read_text())[kind]["key"]
-        return {"Authorization": f"Bearer {key}"}
+        return self.client().auth_headers(kind)
+
+    def client(self, timeout_s: float = 5.0, attempts: int = 1) -> TorchServeClient:
+        """A client for this instance, with its key file when token authorization is on."""
+        return TorchServeClient(self.management_url, self.inference_url,
+                                KeyFile(self.key_file) if self.key_file.is_file() else None,
+                                attempts=attempts, timeout_s=timeout_s)
 
     def inference_headers(self) -> dict[str, str]:
         return self.auth_headers("inference")  # TorchServe guards /ping with it too
@@ -100,7 +94,7 @@ class TorchServeInstance:
 
 
 def instance_for(config_path: Path, run_dir: Path,
-                 log_config: Path | None = DEFAULT_LOG_CONFIG) -> TorchServeInstance:
+                 log_config: Path | None = paths.LOG_CONFIG) -> TorchServeInstance:
     properties = read_properties(config_path)
     return TorchServeInstance(
         run_dir=run_dir.resolve(),
@@ -113,9 +107,8 @@ def instance_for(config_path: Path, run_dir: Path,
 
 
 def configured_model_store(config_path: Path) -> Path:
-    """The config's `model_store`; a relative path is taken from the repository root."""
-    store = Path(read_properties(config_path).get("model_store", "model_store"))
-    return store if store.is_absolute() else REPO_ROOT / store
+    """The config's `model_store` (a relative path is taken from the current directory)."""
+    return Path(read_properties(config_path).get("model_store", str(paths.MODEL_STORE))).resolve()
 
 
 # Unix socket paths are limited to 107 bytes; the longest worker socket name is .ts.sock.65535.
@@ -148,32 +141,7 @@ def torchserve_command(instance: TorchServeInstance, extra: Sequence[str] = ()) 
 
 
 def ping(instance: TorchServeInstance) -> bool:
-    try:
-        answer = requests.get(f"{instance.inference_url}/ping", headers=instance.inference_headers(),
-                              timeout=2)
-    except (requests.RequestException, ValueError, KeyError):
-        return False
-    return answer.status_code == 200 and answer.json().get("status") == "Healthy"
-
-
-def models_ready(instance: TorchServeInstance, expected_models: int) -> bool:
-    """At least `expected_models` models registered, each default version with its minimum of
-    READY workers. (/ping alone is not enough: it answers Healthy before any model is loaded.)"""
-    headers = instance.management_headers()
-    try:
-        models = requests.get(f"{instance.management_url}/models", headers=headers,
-                              timeout=5).json()["models"]
-        if len(models) < expected_models:
-            return False
-        for model in models:
-            (default,) = requests.get(f"{instance.management_url}/models/{model['modelName']}",
-                                      headers=headers, timeout=5).json()
-            ready = sum(worker["status"] == "READY" for worker in default["workers"])
-            if ready < max(default["minWorkers"], 1):
-                return False
-    except (requests.RequestException, ValueError, KeyError, TypeError):
-        return False
-    return True
+    return instance.client(timeout_s=2.0).ping()
 
 
 def expected_model_count(instance: TorchServeInstance, model_store: Path) -> int:
@@ -187,7 +155,7 @@ def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_
     """Wait for /ping and for every model loaded at start to have its workers READY."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if ping(instance) and models_ready(instance, expected_models):
+        if ping(instance) and models_ready(instance.client(), expected_models):
             return
         time.sleep(0.5)
     raise ServerError(f"TorchServe at {instance.inference_url} was not healthy after {timeout_s:.0f} s."
@@ -219,25 +187,13 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
         wait_until_healthy(instance, timeout_s, expected_model_count(instance, store))
 
 
-def pending_requests(instance: TorchServeInstance) -> int:
-    """Requests queued (not yet taken by a worker) over every model's default version."""
-    headers = instance.management_headers()
-    models = requests.get(f"{instance.management_url}/models", headers=headers, timeout=5).json()["models"]
-    total = 0
-    for model in models:
-        for version in requests.get(f"{instance.management_url}/models/{model['modelName']}/all",
-                                    headers=headers, timeout=5).json():
-            total += int(version.get("jobQueueStatus", {}).get("pendingRequests", 0))
-    return total
-
-
 def drain(instance: TorchServeInstance, timeout_s: float, grace_s: float) -> bool:
     """Wait until no request is queued, then `grace_s` for the batches being computed (see
     `wait_for_empty_queue`). True when drained; False after `timeout_s` (continuous load)."""
     def pending() -> int:
         try:
-            return pending_requests(instance)
-        except (requests.RequestException, ValueError, KeyError):
+            return queued_requests(instance.client())
+        except (ManagementError, KeyError):
             return 0  # not answering: nothing left to drain
 
     return wait_for_empty_queue(pending, timeout_s, grace_s)
@@ -254,10 +210,10 @@ def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s:
         return
     if drain_timeout_s > 0 and not drain(instance, drain_timeout_s, drain_grace_s):
         print(f"requests still queued after {drain_timeout_s:.0f} s; stopping anyway", file=sys.stderr)
-    frontend_pid = int(pid_file.read_text().strip() or 0)
+    pid = int(pid_file.read_text().strip() or 0)
     subprocess.run(torchserve_command(instance, ["--stop"]), cwd=instance.run_dir,
                    env=instance.environment(), capture_output=True, timeout=timeout_s, check=False)
-    wait_for_exit(frontend_pid, timeout_s)
+    wait_for_exit(pid, timeout_s)
 
 
 def wait_for_exit(pid: int, timeout_s: float) -> None:
@@ -272,43 +228,36 @@ def wait_for_exit(pid: int, timeout_s: float) -> None:
         process.kill()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=("start", "stop", "status"))
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
-                        help="working directory for logs, keys and the pid file (default: .run)")
-    parser.add_argument("--timeout", type=float, default=180.0,
-                        help="start: seconds to wait until every model's workers are ready")
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="stop: seconds to wait for queued requests first (0: stop at once)")
-    parser.add_argument("--log-config", type=Path, default=DEFAULT_LOG_CONFIG,
-                        help="start: log4j2 configuration (default: config/log4j2.xml)")
-    parser.add_argument("--builtin-log-config", action="store_true",
-                        help="start: TorchServe's own log4j2 configuration (DEBUG, for comparison)")
-    args = parser.parse_args(argv)
-    instance = instance_for(args.config, args.run_dir,
-                            None if args.builtin_log_config else args.log_config)
+def frontend_pid(instance: TorchServeInstance) -> int | None:
+    """The running frontend's pid, from the pid file in the instance's TMPDIR (None: not running)."""
+    pid_file = instance.tmp_dir / ".model_server.pid"
     try:
-        if args.action == "start":
-            if ping(instance):
-                print(f"TorchServe is already serving at {instance.inference_url}")
-                return 0
-            start(instance, timeout_s=args.timeout)
-            print(f"TorchServe is healthy at {instance.inference_url} (logs in {instance.log_dir})")
-        elif args.action == "stop":
-            stop(instance, drain_timeout_s=args.drain_timeout)
-            print("TorchServe has stopped")
-        else:
-            healthy = ping(instance)
-            print(f"{instance.inference_url}: {'healthy' if healthy else 'not answering /ping'}")
-            return 0 if healthy else 1
-    except ServerError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+        pid = int(pid_file.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return None
+    return pid if pid and psutil.pid_exists(pid) else None
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = None,
+                      timeout_s: float = 180.0, drain_timeout_s: float = 30.0,
+                      on_ready: Callable[[], None] = lambda: None) -> None:
+    """Start TorchServe, wait until every model's workers are READY, call `on_ready`, and serve
+    until SIGTERM or SIGINT; then drain queued requests (up to `drain_timeout_s`) and stop.
+    ServerError when it does not start, or when the frontend exits on its own."""
+    stop_requested = threading.Event()
+    handled = (signal.SIGTERM, signal.SIGINT)
+    previous = {number: signal.signal(number, lambda *_: stop_requested.set()) for number in handled}
+    try:
+        try:
+            start(instance, model_store, timeout_s)
+        except ServerError:
+            stop(instance)
+            raise
+        on_ready()
+        while not stop_requested.wait(1.0):
+            if frontend_pid(instance) is None:
+                raise ServerError(f"TorchServe exited on its own; see {instance.log_dir}")
+        stop(instance, drain_timeout_s=drain_timeout_s)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

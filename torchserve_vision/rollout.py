@@ -15,19 +15,27 @@ Each completed change (rollout, rollback, scaling) is appended to a history file
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from scripts.management_client import ManagementError, TorchServeClient
+from torchserve_vision.archives.versions import (
+    ArchiveError,
+    archive_manifest,
+    archive_with_version,
+)
+from torchserve_vision.client import ManagementError, TorchServeClient
+from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.server_state import (
+    default_version,
+    ready_workers,
+    versions_of,
+    wait_for_empty_queue,
+)
 
 Log = Callable[[str], None]
 
@@ -43,25 +51,6 @@ class RolloutInterrupted(RolloutError):
 # Seconds past a version's startupTimeout to wait for its workers: TorchServe kills a worker that
 # has not loaded by then, so a version not READY by this deadline is not coming.
 WORKERS_DEADLINE_MARGIN_S = 30.0
-
-
-@dataclass(frozen=True)
-class ServingSettings:
-    """Batch and worker settings of a model version (TorchServe fixes them at registration);
-    also the `serving:` section of config/models.yaml."""
-
-    batch_size: int = 8
-    max_batch_delay_ms: int = 20
-    min_workers: int = 1
-    max_workers: int = 1
-    response_timeout_s: int = 60
-    startup_timeout_s: int = 120    # TorchServe kills a worker that takes longer to load
-
-    @classmethod
-    def of_version(cls, description: dict[str, Any]) -> ServingSettings:
-        return cls(description["batchSize"], description["maxBatchDelay"], description["minWorkers"],
-                   description["maxWorkers"], description["responseTimeout"],
-                   description.get("startupTimeout", cls.startup_timeout_s))
 
 
 @dataclass(frozen=True)
@@ -82,68 +71,6 @@ class RolloutPlan:
         if self.workers_timeout_s is not None:
             return self.workers_timeout_s
         return self.settings.startup_timeout_s + WORKERS_DEADLINE_MARGIN_S
-
-
-# --- archives ---------------------------------------------------------------------------------
-def archive_manifest(path: Path) -> dict[str, Any]:
-    """The `model` section of an archive's MANIFEST.json (modelName, modelVersion, ...)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return dict(json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"])
-    except (OSError, KeyError, zipfile.BadZipFile, ValueError) as error:
-        raise RolloutError(f"{path} is not a readable model archive: {error}") from None
-
-
-def archive_with_version(store: Path, archive: str, version: str) -> str:
-    """Copy `archive` in the model store as `<name>-<version>.mar` with that manifest version.
-
-    TorchServe fixes batch size and delay at registration and keys versions by the manifest's
-    version, so new batch settings for the same archive need a new version: this is it.
-    """
-    source = store / archive
-    manifest = archive_manifest(source)
-    target_name = f"{manifest['modelName']}-{version}.mar"
-    with (tempfile.NamedTemporaryFile(dir=store, suffix=".tmp", delete=False) as tmp,
-          zipfile.ZipFile(source) as old, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as new):
-        for item in old.infolist():
-            data = old.read(item.filename)
-            if item.filename == "MAR-INF/MANIFEST.json":
-                document = json.loads(data)
-                document["model"]["modelVersion"] = version
-                data = json.dumps(document, indent=2).encode()
-            new.writestr(item, data)
-    shutil.move(tmp.name, store / target_name)
-    return target_name
-
-
-def settings_version(base_version: str, settings: ServingSettings) -> str:
-    """`1.0` + batch 16, delay 5 ms -> `1.0-bs16-d5` (a previous suffix is replaced)."""
-    return f"{base_version.split('-bs')[0]}-bs{settings.batch_size}-d{settings.max_batch_delay_ms}"
-
-
-# --- reading the server -----------------------------------------------------------------------
-def versions_of(client: TorchServeClient, model: str) -> list[dict[str, Any]]:
-    """Every registered version of `model` ([] when the model is not registered)."""
-    try:
-        return client.describe(model, "all")
-    except ManagementError as error:
-        if error.status == 404:
-            return []
-        raise
-
-
-def default_version(client: TorchServeClient, model: str) -> dict[str, Any] | None:
-    try:
-        described = client.describe(model, None)
-    except ManagementError as error:
-        if error.status == 404:
-            return None
-        raise
-    return described[0] if described else None
-
-
-def ready_workers(description: dict[str, Any]) -> int:
-    return sum(worker.get("status") == "READY" for worker in description.get("workers", []))
 
 
 def wait_for_workers(client: TorchServeClient, model: str, version: str, count: int,
@@ -169,35 +96,6 @@ def wait_for_workers(client: TorchServeClient, model: str, version: str, count: 
             raise RolloutError(f"{model} {version}: {ready} of {count} workers "
                                f"ready after {timeout_s:.0f} s")
         time.sleep(0.5)
-
-
-def kill_worker_and_wait(client: TorchServeClient, model: str, timeout_s: float = 120.0) -> float:
-    """SIGKILL the first worker of the default version (the server must be on this machine) and
-    return the seconds until TorchServe's replacement for it is READY; RolloutError after
-    `timeout_s`."""
-    worker = client.describe(model, None)[0]["workers"][0]
-    started = time.monotonic()
-    os.kill(int(worker["pid"]), signal.SIGKILL)
-    while time.monotonic() - started < timeout_s:
-        if any(w["id"] == worker["id"] and w["pid"] != worker["pid"] and w["status"] == "READY"
-               for w in client.describe(model, None)[0]["workers"]):
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise RolloutError(f"{model}: worker {worker['id']} not replaced after {timeout_s:.0f} s")
-
-
-def wait_for_empty_queue(pending: Callable[[], int], timeout_s: float, grace_s: float) -> bool:
-    """Wait until `pending()` (queued requests) has stayed 0 for half a second, then `grace_s` for
-    the batches workers are computing (TorchServe does not show those). False after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    empty_polls = 0
-    while empty_polls < 5:
-        if time.monotonic() > deadline:
-            return False
-        empty_polls = empty_polls + 1 if pending() == 0 else 0
-        time.sleep(0.1)
-    time.sleep(grace_s)
-    return True
 
 
 def wait_for_drain(client: TorchServeClient, model: str, version: str, timeout_s: float,
@@ -277,7 +175,10 @@ def undo(client: TorchServeClient, model: str, new_version: str, old_version: st
 
 def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) -> dict[str, Any]:
     """Swap `plan.model` to the archive's version with no failed request; return a history entry."""
-    manifest = archive_manifest(store / plan.archive)
+    try:
+        manifest = archive_manifest(store / plan.archive)
+    except ArchiveError as error:
+        raise RolloutError(str(error)) from None
     new_version = str(manifest["modelVersion"])
     if manifest["modelName"] != plan.model:
         raise RolloutError(f"{plan.archive} holds model {manifest['modelName']!r}, not {plan.model!r}")

@@ -2,32 +2,25 @@
 for the model alone and for the whole handler path from JPEG bytes to JSON answers, on the
 worker's device (CUDA synchronised when on a GPU), and fit t(B) = t_fixed + B * t_img.
 
-    python scripts/profile_model.py model_store/efficientnet_lite0-1.0.mar --max-batch 8
-    python scripts/profile_model.py model_store/efficientnet_lite0-1.0.mar --device cuda --json
+    torchserve-vision lab profile model_store/efficientnet_lite0-1.0.mar --max-batch 8
+    torchserve-vision lab profile model_store/efficientnet_lite0-1.0.mar --device cuda --json
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from scripts.batch_model import BatchTimeFit, fit_batch_time  # noqa: E402
-from scripts.benchmark_images import SIZES, benchmark_jpeg  # noqa: E402
-from scripts.local_handler import archive_context, extract_archive, load_handler  # noqa: E402
+from torchserve_vision.lab.batch_model import BatchTimeFit, fit_batch_time
+from torchserve_vision.lab.local_handler import archive_context, extract_archive, load_handler
 
 
 @dataclass(frozen=True)
@@ -100,25 +93,3 @@ def profile_archive(mar: Path, max_batch: int, repeats: int, image: bytes, image
             handler_ms.append(median_ms(partial(handler.handle, rows, context), repeats, synchronize))
     return Profile(mar.name, str(handler.device), image_name, sizes, model_ms, handler_ms,
                    fit_batch_time(sizes, model_ms), fit_batch_time(sizes, handler_ms))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("archive", type=Path)
-    parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--image", type=Path, help="a JPEG to send (default: a 720x720 photo)")
-    parser.add_argument("--image-size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    image = args.image.read_bytes() if args.image else benchmark_jpeg(args.image_size)
-    name = args.image.name if args.image else f"{args.image_size} JPEG"
-    profile = profile_archive(args.archive, args.max_batch, args.repeats, image, name, args.device)
-    print(json.dumps(asdict(profile), indent=2) if args.json else profile.table())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

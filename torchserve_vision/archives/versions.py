@@ -1,0 +1,57 @@
+"""New versions of an archive in the model store: the same files under another manifest version.
+
+TorchServe keys versions by the manifest's `modelVersion` and fixes batch size and delay at
+registration, so new batch settings for the same archive need a new version: a copy of the
+archive with only the manifest's version changed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from torchserve_vision.model_descriptions import ServingSettings
+
+
+class ArchiveError(RuntimeError):
+    """A file in the model store is not a readable model archive."""
+
+
+def archive_manifest(path: Path) -> dict[str, Any]:
+    """The `model` section of an archive's MANIFEST.json (modelName, modelVersion, ...)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return dict(json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"])
+    except (OSError, KeyError, zipfile.BadZipFile, ValueError) as error:
+        raise ArchiveError(f"{path} is not a readable model archive: {error}") from None
+
+
+def archive_with_version(store: Path, archive: str, version: str) -> str:
+    """Copy `archive` in the model store as `<name>-<version>.mar` with that manifest version.
+
+    TorchServe fixes batch size and delay at registration and keys versions by the manifest's
+    version, so new batch settings for the same archive need a new version: this is it.
+    """
+    source = store / archive
+    manifest = archive_manifest(source)
+    target_name = f"{manifest['modelName']}-{version}.mar"
+    with (tempfile.NamedTemporaryFile(dir=store, suffix=".tmp", delete=False) as tmp,
+          zipfile.ZipFile(source) as old, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as new):
+        for item in old.infolist():
+            data = old.read(item.filename)
+            if item.filename == "MAR-INF/MANIFEST.json":
+                document = json.loads(data)
+                document["model"]["modelVersion"] = version
+                data = json.dumps(document, indent=2).encode()
+            new.writestr(item, data)
+    shutil.move(tmp.name, store / target_name)
+    return target_name
+
+
+def settings_version(base_version: str, settings: ServingSettings) -> str:
+    """`1.0` + batch 16, delay 5 ms -> `1.0-bs16-d5` (a previous suffix is replaced)."""
+    return f"{base_version.split('-bs')[0]}-bs{settings.batch_size}-d{settings.max_batch_delay_ms}"

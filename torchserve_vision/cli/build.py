@@ -1,0 +1,121 @@
+"""`torchserve-vision build`: model archives from config/models.yaml (or one model from flags)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from torchserve_vision import paths
+from torchserve_vision.archives.build import ENTRY_MODULES, SERIALIZED_NAMES, build_archive
+from torchserve_vision.cli.common import model_store_flag, subcommand
+from torchserve_vision.model_descriptions import (
+    DescriptionError,
+    ModelDescription,
+    load_descriptions,
+    parse_description,
+)
+from torchserve_vision.torchserve_config import config_in_sync, write_models_block
+
+DESCRIPTION = """\
+Build TorchServe model archives (.mar) into the model store.
+
+  torchserve-vision build                        # every model in config/models.yaml
+  torchserve-vision build --only efficientnet_lite0
+  torchserve-vision build --only efficientnet_lite0 --version 2.0   # a new version to roll out
+  torchserve-vision build --name resnet50 --source torchvision --architecture resnet50 \\
+      --weights ~/resnet50.pth --labels imagenet  # one model from flags
+  torchserve-vision build --check-config         # config.properties' models= matches models.yaml?
+
+Each archive `<name>-<version>.mar` holds the `handlers/` package, the class names and the
+handler's settings, so it is self-contained. Weights are checked against the architecture before
+archiving. --write-config rewrites the `models=`/`load_models=` entries of the server configs from
+the descriptions' serving settings; --check-config fails when they differ.
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = subcommand(commands, "build",
+                        "build model archives into the model store", DESCRIPTION, [model_store_flag()])
+    parser.add_argument("--models", type=Path, default=paths.MODEL_DESCRIPTIONS,
+                        help=f"model description YAML (default: {paths.MODEL_DESCRIPTIONS})")
+    parser.add_argument("--only", nargs="*", default=None, help="build only these model names")
+    parser.add_argument("--version", help="the version to build: with --only, instead of the "
+                                          "description's (a new version to roll out); default 1.0 "
+                                          "with --name")
+    parser.add_argument("--write-config", type=Path, nargs="*",
+                        help="rewrite load_models=/models= of these configs (default: "
+                             f"{' and '.join(map(str, paths.SERVER_CONFIGS))})")
+    parser.add_argument("--check-config", type=Path, nargs="*",
+                        help="exit 1 when these configs (default: both) disagree with the descriptions")
+    single = parser.add_argument_group("one model from flags (instead of --models)")
+    single.add_argument("--name")
+    single.add_argument("--task", default="classification", choices=sorted(ENTRY_MODULES))
+    single.add_argument("--source", choices=sorted(SERIALIZED_NAMES), default="torchvision")
+    single.add_argument("--architecture", help="timm or torchvision model name, e.g. resnet50")
+    single.add_argument("--weights", help="state-dict file, or TorchScript / torch.export file")
+    single.add_argument("--labels", help="imagenet, coco, or a labels file "
+                        "(default: imagenet for classification, coco for detection)")
+    single.add_argument("--num-classes", type=int)
+    single.add_argument("--top-k", type=int, help="classification: classes returned")
+    single.add_argument("--detection-output", choices=("torchvision", "yolo"), default="torchvision",
+                        help="detection: a torchvision detector, or a YOLO-style [B, 4+C, N] model")
+    single.add_argument("--input-size", type=int, help="detection (yolo): square input size")
+    single.add_argument("--kwargs", type=json.loads, default={},
+                        help='JSON keyword arguments for the architecture builder, e.g. '
+                             '\'{"box_score_thresh": 0.01}\'')
+    parser.set_defaults(run=run)
+
+
+def description_from_flags(args: argparse.Namespace) -> ModelDescription:
+    options: dict[str, Any] = {}
+    if args.top_k:
+        options["top_k"] = args.top_k
+    if args.task == "detection":
+        options["detection"] = {"output": args.detection_output}
+        if args.input_size:
+            options["detection"]["input_size"] = args.input_size
+    labels = args.labels or ("coco" if args.task == "detection" else "imagenet")
+    return parse_description({
+        "name": args.name, "version": args.version or "1.0", "task": args.task, "labels": labels,
+        "model": {"source": args.source, "architecture": args.architecture,
+                  "weights": args.weights, "num_classes": args.num_classes, "kwargs": args.kwargs},
+        "handler": options,
+    })
+
+
+def chosen_descriptions(args: argparse.Namespace) -> list[ModelDescription]:
+    if args.name:
+        if not args.weights:
+            raise DescriptionError("--weights is required with --name")
+        return [description_from_flags(args)]
+    descriptions = load_descriptions(args.models)
+    chosen = [d for d in descriptions if args.only is None or d.name in args.only]
+    if args.only and len(chosen) != len(set(args.only)):
+        raise DescriptionError(f"--only names not in {args.models}: "
+                               f"{sorted(set(args.only) - {d.name for d in chosen})}")
+    if args.version:
+        if not args.only:
+            raise DescriptionError("--version needs --only (or --name): which model gets it?")
+        chosen = [replace(description, version=args.version) for description in chosen]
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.check_config is not None:
+        descriptions = load_descriptions(args.models)
+        results = {path: config_in_sync(path, descriptions)
+                   for path in args.check_config or paths.SERVER_CONFIGS}
+        for path, in_sync in results.items():
+            print(f"{path}: {'in sync' if in_sync else 'OUT OF SYNC'} with {args.models}")
+        return 0 if all(results.values()) else 1
+    for description in chosen_descriptions(args):
+        print(f"built {build_archive(description, args.model_store)}", flush=True)
+    if args.write_config is not None:
+        descriptions = load_descriptions(args.models)
+        for path in args.write_config or paths.SERVER_CONFIGS:
+            write_models_block(path, descriptions)
+            print(f"wrote load_models/models of {path}")
+    return 0

@@ -1,0 +1,49 @@
+"""Flags that mean the same thing in every subcommand, and the client built from them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from torchserve_vision import paths
+from torchserve_vision.client import TorchServeClient
+
+DEFAULT_MODEL = "efficientnet_lite0"
+
+
+def connection_flags() -> argparse.ArgumentParser:
+    """--inference-url, --management-url and --key-file (environment: TS_INFERENCE_URL,
+    TS_MANAGEMENT_URL, TS_KEY_FILE)."""
+    flags = argparse.ArgumentParser(add_help=False)
+    group = flags.add_argument_group("server")
+    group.add_argument("--inference-url", help="default: $TS_INFERENCE_URL or http://127.0.0.1:8080")
+    group.add_argument("--management-url", help="default: $TS_MANAGEMENT_URL or http://127.0.0.1:8081")
+    group.add_argument("--key-file", help="TorchServe's key_file.json when token authorization is on "
+                                          "(default: $TS_KEY_FILE)")
+    return flags
+
+
+def model_store_flag() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("--model-store", type=Path, default=paths.MODEL_STORE,
+                       help=f"where the archives are (default: {paths.MODEL_STORE})")
+    return flags
+
+
+def json_flag() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return flags
+
+
+def client_from(args: argparse.Namespace, dry_run: bool = False) -> TorchServeClient:
+    return TorchServeClient.from_environment(args.management_url, args.inference_url, args.key_file,
+                                             dry_run)
+
+
+def subcommand(commands: argparse._SubParsersAction, name: str, summary: str, description: str,
+               parents: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
+    """A subcommand: `summary` in its parent's list, `description` in its own --help."""
+    return commands.add_parser(name, help=summary, description=description,
+                               parents=parents or [],
+                               formatter_class=argparse.RawDescriptionHelpFormatter)

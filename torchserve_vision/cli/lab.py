@@ -1,0 +1,313 @@
+"""`torchserve-vision lab ...`: load, profile, sweep, tune, compare, and the start-up, compile and
+rollout measurements behind docs/benchmarks.md and docs/robustness.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from torchserve_vision import paths
+from torchserve_vision.cli.common import (
+    DEFAULT_MODEL,
+    client_from,
+    connection_flags,
+    json_flag,
+    model_store_flag,
+    subcommand,
+)
+from torchserve_vision.lab import (
+    compare,
+    compile_speed,
+    loadgen,
+    profile,
+    rollout_drill,
+    startup,
+    sweep,
+    tune,
+)
+from torchserve_vision.lab.benchmark_images import SIZES, benchmark_jpeg
+from torchserve_vision.photos import photo_path
+from torchserve_vision.server_process import configured_model_store
+
+DESCRIPTION = """\
+The serving lab: drive a server with load, profile an archive in-process, sweep and tune batch
+settings, compare with TorchServe's built-in handler, and measure start-up and rollouts.
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = subcommand(commands, "lab",
+                        "load, profile, sweep, tune, compare, measure", DESCRIPTION)
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_compile_speed,
+                add_startup, add_rollout_drill):
+        add(actions)
+
+
+def model_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"default: {DEFAULT_MODEL}")
+
+
+def image_size_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--image-size", choices=sorted(SIZES), default="small",
+                        help="the JPEG sent: small (720x720) or phone (12 MP)")
+
+
+# --- load ---------------------------------------------------------------------------------------
+def add_load(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "load",
+                        "closed- or open-loop load against a served model", loadgen.__doc__ or "",
+                        [connection_flags(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--version")
+    parser.add_argument("--image", type=Path, action="append",
+                        help="image file(s) to send, in turn (default: scikit-image's chelsea.png)")
+    parser.add_argument("--clients", type=int, default=8, help="closed loop: concurrent clients")
+    parser.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds")
+    parser.add_argument("--max-requests", type=int, default=1_000_000)
+    parser.add_argument("--max-in-flight", type=int, default=256, help="open loop: client threads")
+    parser.add_argument("--header", action="append", default=[], help="extra header, NAME=VALUE")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--self-test", action="store_true",
+                        help="measure the client's own ceiling against an instant local server")
+    parser.set_defaults(run=run_load)
+
+
+def progress_printer() -> loadgen.Progress:
+    last = [0.0]
+
+    def show(done: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            print(f"\r  {done} answers", end="", file=sys.stderr, flush=True)
+    return show
+
+
+def run_load(args: argparse.Namespace) -> int:
+    bodies = [path.read_bytes() for path in args.image or [photo_path()]]
+    if args.self_test:
+        _server, url = loadgen.instant_server()
+        headers = {"Content-Type": "application/octet-stream"}
+    else:
+        client = client_from(args)
+        url, headers = client.prediction_url(args.model, args.version), client.inference_headers()
+    headers.update(dict(item.split("=", 1) for item in args.header))
+    target = loadgen.LoadTarget(url, bodies, headers)
+    progress = None if args.json else progress_printer()
+    if args.rate:
+        report = loadgen.run_open_loop(target, args.rate, args.duration, args.max_requests,
+                                       args.max_in_flight, args.seed, progress)
+    else:
+        report = loadgen.run_closed_loop(target, args.clients, args.duration, args.max_requests, progress)
+    if progress:
+        print(file=sys.stderr)
+    print(json.dumps(asdict(report), indent=2) if args.json else report.table())
+    return 0
+
+
+# --- profile ------------------------------------------------------------------------------------
+def add_profile(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "profile",
+                        "time per batch t(B) of an archive, in-process", profile.__doc__ or "", [json_flag()])
+    parser.add_argument("archive", type=Path)
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--image", type=Path, help="a JPEG to send (default: --image-size)")
+    image_size_flag(parser)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.set_defaults(run=run_profile)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    image = args.image.read_bytes() if args.image else benchmark_jpeg(args.image_size)
+    name = args.image.name if args.image else f"{args.image_size} JPEG"
+    measured = profile.profile_archive(args.archive, args.max_batch, args.repeats, image, name,
+                                       args.device)
+    print(json.dumps(asdict(measured), indent=2) if args.json else measured.table())
+    return 0
+
+
+# --- sweep --------------------------------------------------------------------------------------
+def add_sweep(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "sweep",
+                        "throughput vs p99 over batch size x delay x workers, on a live server",
+                        sweep.__doc__ or "",
+                        [connection_flags(), model_store_flag()])
+    model_flag(parser)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--delays", type=int, nargs="+", default=[5, 20], help="max batch delay, ms")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 32],
+                        help="closed-loop load levels")
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per load level")
+    parser.add_argument("--sla-ms", type=float, default=500.0, help="p99 latency target")
+    image_size_flag(parser)
+    parser.add_argument("--out", type=Path, default=paths.RUN_DIR / "sweep",
+                        help="results: <out>.json, .csv, .png")
+    parser.set_defaults(run=run_sweep)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    points = sweep.run_sweep(client_from(args), args.model, args.model_store, args.batch_sizes,
+                             args.delays, args.workers, args.clients, args.duration,
+                             benchmark_jpeg(args.image_size))
+    chosen = sweep.choose_operating_point(points, args.sla_ms)
+    sweep.write_results(points, chosen, args.sla_ms, args.out,
+                        f"{args.model}: throughput vs p99 ({args.image_size} JPEG)")
+    print(sweep.points_table(points))
+    print(f"chosen (p99 <= {args.sla_ms:.0f} ms, highest throughput): {chosen}")
+    print(f"wrote {args.out.with_suffix('.json')}, .csv, .png")
+    return 0
+
+
+# --- tune ---------------------------------------------------------------------------------------
+def add_tune(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "tune",
+                        "recommend batch size, delay and workers for a p99 target", tune.__doc__ or "",
+                        [connection_flags(), json_flag()])
+    parser.add_argument("archive", type=Path)
+    parser.add_argument("--p99-ms", type=float, required=True, help="p99 latency target")
+    goal = parser.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--rate", type=float, help="expected requests per second")
+    goal.add_argument("--max-throughput", action="store_true")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="workers (per GPU on a GPU host); 1 on a CPU host")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--sweep", type=Path, help="sweep results JSON (torchserve-vision lab sweep)")
+    parser.add_argument("--verify", action="store_true", help="open-loop run on the live server")
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--apply", action="store_true", help="keep the settings on the live server")
+    parser.add_argument("--write-config", action="store_true",
+                        help=f"write the settings into {paths.MODEL_DESCRIPTIONS} and the server configs")
+    parser.set_defaults(run=run_tune)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    tuning = tune.tune(args.archive, args.p99_ms, args.rate, args.max_batch, args.workers,
+                       args.device, args.sweep)
+    if args.verify:
+        tune.verify_on_server(client_from(args), tuning, args.archive.parent, args.p99_ms, args.rate,
+                              args.duration, keep=args.apply)
+    if args.write_config:
+        tune.write_recommendation(tuning, paths.MODEL_DESCRIPTIONS, paths.SERVER_CONFIGS)
+    if args.json:
+        print(json.dumps(tuning.to_dict(), indent=2))
+        return 0
+    chosen = tuning.chosen
+    print(tuning.profile.table())
+    print(f"\n{tuning.model}: {'meets' if chosen.feasible else 'CANNOT meet'} p99 <= {args.p99_ms:.0f} ms"
+          f"{f' at {args.rate:.0f} req/s' if args.rate else ' at maximum throughput'}: "
+          f"batch size {chosen.batch_size}, max batch delay {chosen.max_batch_delay_ms} ms, "
+          f"{chosen.workers} worker(s); predicted p99 {chosen.predicted_p99_ms:.0f} ms, "
+          f"capacity {chosen.capacity_rps:.1f} req/s ({chosen.reason})")
+    if tuning.verification is not None:
+        print(f"verified: {tuning.verification.table()}\ntarget met: {tuning.target_met}")
+    return 0
+
+
+# --- compare ------------------------------------------------------------------------------------
+def add_compare(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "compare",
+                        "ours vs TorchServe's built-in handler vs batch 1 vs in-process",
+                        compare.__doc__ or "",
+                        [connection_flags(), model_store_flag(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=20.0)
+    image_size_flag(parser)
+    parser.set_defaults(run=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    result = compare.compare(client_from(args), args.model_store, args.model,
+                             benchmark_jpeg(args.image_size), args.clients, args.duration)
+    result["image"] = args.image_size
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.model}, {args.image_size} JPEG, {args.clients} clients, settings {result['settings']}")
+    for name, rps in result["throughput_rps"].items():
+        print(f"  {name:20s} {rps:7.1f} req/s  p50 {result['p50_ms'][name]:7.1f} ms  "
+              f"p99 {result['p99_ms'][name]:7.1f} ms")
+    print(f"  in-process handler path at batch {result['settings']['batch_size']}: "
+          f"{result['in_process_handler_rps']:.1f} img/s; model batching gain in-process "
+          f"{result['in_process_model_batching_gain']:.2f}x")
+    for name, value in result["ratios"].items():
+        print(f"  {name:45s} {value:7.2f}")
+    return 0
+
+
+# --- compile-speed ------------------------------------------------------------------------------
+def add_compile_speed(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "compile-speed",
+                        "eager vs torch.compile vs the ahead-of-time package, in-process",
+                        compile_speed.__doc__ or "",
+                        [json_flag()])
+    parser.add_argument("--archive", type=Path, default=paths.MODEL_STORE / "efficientnet_lite0-1.0.mar")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.set_defaults(run=run_compile_speed)
+
+
+def run_compile_speed(args: argparse.Namespace) -> int:
+    speed = compile_speed.measure_compile_speed(args.archive, args.threads, args.batch_sizes,
+                                                args.repeats, args.rounds)
+    print(json.dumps(asdict(speed), indent=2) if args.json else speed.table())
+    return 0
+
+
+# --- startup and rollout-drill (each starts its own server) ------------------------------------
+def own_server_flags() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("--config", type=Path, default=paths.DEVELOPMENT_CONFIG,
+                       help=f"base config, run on free 127.0.0.1 ports (default: {paths.DEVELOPMENT_CONFIG})")
+    flags.add_argument("--model-store", type=Path, default=None, help="default: the config's")
+    return flags
+
+
+def add_startup(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "startup",
+                        "seconds to READY: cold and warm start, killed worker, scale-up, new version",
+                        startup.__doc__ or "",
+                        [own_server_flags(), json_flag()])
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="the model killed, scaled and registered again")
+    parser.set_defaults(run=run_startup)
+
+
+def run_startup(args: argparse.Namespace) -> int:
+    store = (args.model_store or configured_model_store(args.config)).resolve()
+    figures = startup.measure(args.config, store, args.model)
+    print(json.dumps(figures, indent=2) if args.json else startup.markdown(figures))
+    return 0
+
+
+def add_rollout_drill(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "rollout-drill",
+                        "rollouts, rollbacks, scaling and a killed worker under open-loop load",
+                        rollout_drill.__doc__ or "",
+                        [own_server_flags(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--load-fraction", type=float, default=0.25,
+                        help="offered load as a fraction of the measured capacity")
+    parser.set_defaults(run=run_rollout_drill)
+
+
+def run_rollout_drill(args: argparse.Namespace) -> int:
+    store = (args.model_store or configured_model_store(args.config)).resolve()
+    outcome = rollout_drill.drill(args.config, store, args.model, args.load_fraction)
+    if args.json:
+        print(json.dumps(outcome, indent=2))
+    else:
+        print(f"capacity {outcome['capacity_rps']} requests/s; offered {outcome['rate_rps']}/s")
+        print(rollout_drill.markdown(outcome["steps"]))  # type: ignore[arg-type]
+    return 0

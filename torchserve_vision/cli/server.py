@@ -1,0 +1,101 @@
+"""`torchserve-vision server start | stop | status | run`: a TorchServe in its own run directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from torchserve_vision import paths
+from torchserve_vision.cli.common import subcommand
+from torchserve_vision.server_process import (
+    TorchServeInstance,
+    instance_for,
+    ping,
+    run_in_foreground,
+    start,
+    stop,
+)
+from torchserve_vision.server_state import models_ready
+
+DESCRIPTION = """\
+Start, stop, check or run TorchServe from a config file, in its own run directory (logs, keys,
+pid file), so several instances can run side by side.
+
+  torchserve-vision server start                # config/config.properties, waits for READY workers
+  torchserve-vision server start --config config/config.production.properties --run-dir .run-prod
+  torchserve-vision server status               # exit 0 when every model has READY workers
+  torchserve-vision server stop                 # answers queued requests first (--drain-timeout)
+  torchserve-vision server run                  # in the foreground until SIGTERM / Ctrl-C
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = subcommand(commands, "server",
+                        "start, stop, check or run TorchServe", DESCRIPTION)
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    location = argparse.ArgumentParser(add_help=False)
+    location.add_argument("--config", type=Path, default=paths.DEVELOPMENT_CONFIG,
+                          help=f"TorchServe config (default: {paths.DEVELOPMENT_CONFIG})")
+    location.add_argument("--run-dir", type=Path, default=paths.RUN_DIR,
+                          help=f"logs, keys and the pid file (default: {paths.RUN_DIR})")
+    starting = argparse.ArgumentParser(add_help=False)
+    starting.add_argument("--model-store", type=Path, default=None,
+                          help="default: the config's model_store")
+    starting.add_argument("--timeout", type=float, default=180.0,
+                          help="seconds to wait until every model's workers are READY")
+    starting.add_argument("--log-config", type=Path, default=paths.LOG_CONFIG,
+                          help=f"log4j2 configuration (default: {paths.LOG_CONFIG})")
+    starting.add_argument("--builtin-log-config", action="store_true",
+                          help="TorchServe's own log4j2 configuration (DEBUG, for comparison)")
+    draining = argparse.ArgumentParser(add_help=False)
+    draining.add_argument("--drain-timeout", type=float, default=30.0,
+                          help="seconds to wait for queued requests before stopping (0: at once)")
+    for name, parents, run, text in (
+            ("start", [location, starting], run_start, "start TorchServe and wait for READY workers"),
+            ("stop", [location, draining], run_stop, "drain, then stop TorchServe"),
+            ("status", [location], run_status, "exit 0 when every model has READY workers"),
+            ("run", [location, starting, draining], run_foreground,
+             "start, serve until SIGTERM or SIGINT, drain, stop (a container's command)")):
+        actions.add_parser(name, parents=parents, help=text, description=text).set_defaults(run=run)
+
+
+def instance_from(args: argparse.Namespace) -> TorchServeInstance:
+    log_config = None if getattr(args, "builtin_log_config", False) else getattr(args, "log_config",
+                                                                                paths.LOG_CONFIG)
+    return instance_for(args.config, args.run_dir, log_config)
+
+
+def run_start(args: argparse.Namespace) -> int:
+    instance = instance_from(args)
+    if ping(instance):
+        print(f"TorchServe is already serving at {instance.inference_url}")
+        return 0
+    start(instance, args.model_store, timeout_s=args.timeout)
+    print(f"TorchServe is ready at {instance.inference_url} (logs in {instance.log_dir})")
+    return 0
+
+
+def run_stop(args: argparse.Namespace) -> int:
+    stop(instance_from(args), drain_timeout_s=args.drain_timeout)
+    print("TorchServe has stopped")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    instance = instance_from(args)
+    if not ping(instance):
+        print(f"{instance.inference_url}: not answering /ping")
+        return 1
+    ready = models_ready(instance.client(), expected_models=0)
+    print(f"{instance.inference_url}: healthy, "
+          f"{'every model has READY workers' if ready else 'some model has no READY worker'}")
+    return 0 if ready else 1
+
+
+def run_foreground(args: argparse.Namespace) -> int:
+    instance = instance_from(args)
+    run_in_foreground(instance, args.model_store, args.timeout, args.drain_timeout,
+                      on_ready=lambda: print(f"TorchServe is ready at {instance.inference_url}; "
+                                             "stop with SIGTERM or Ctrl-C", flush=True))
+    print("TorchServe has stopped")
+    return 0

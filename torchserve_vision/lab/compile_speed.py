@@ -1,0 +1,93 @@
+"""The classifier's model alone, in one process: eager vs torch.compile at start (the worker-start
+path this project used before: static shapes, Inductor freezing) vs the archive's ahead-of-time
+package (what workers load now). Prints ms per batch and the ratios, and how long the
+torch.compile warm-up took here.
+
+    torchserve-vision lab compile-speed              # model_store/efficientnet_lite0-1.0.mar
+    torchserve-vision lab compile-speed --threads 1 --batch-sizes 1 8 --repeats 30
+
+Interleaved rounds (eager, compiled, package, for each batch size) so machine noise hits all three.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from handlers.compiled_model import load_aoti_package
+from handlers.model_loading import load_model
+from handlers.settings import parse_classifier_settings
+from torchserve_vision.lab.local_handler import archive_context, extract_archive
+
+Forward = Callable[[torch.Tensor], torch.Tensor]
+
+
+def ms_per_batch(forward: Forward, batch: torch.Tensor, repeats: int) -> float:
+    with torch.inference_mode():
+        forward(batch)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            forward(batch)
+    return (time.perf_counter() - started) / repeats * 1000
+
+
+@dataclass
+class CompileSpeed:
+    threads: int
+    batch_sizes: list[int]
+    compile_warm_up_s: float
+    best_ms: dict[str, dict[int, float]]    # runner -> batch size -> best ms per batch
+
+    def table(self) -> str:
+        lines = [f"torch.compile warm-up for batch sizes {self.batch_sizes}: "
+                 f"{self.compile_warm_up_s:.1f} s ({self.threads} thread(s))",
+                 f"{'batch':>5} {'eager ms':>9} {'compile ms':>11} {'package ms':>11} "
+                 f"{'package/compile speed':>22} {'package/eager speed':>20}"]
+        for b in self.batch_sizes:
+            eager, compiled, package = (self.best_ms[name][b] for name in RUNNERS)
+            lines.append(f"{b:>5} {eager:>9.1f} {compiled:>11.1f} {package:>11.1f} "
+                         f"{compiled / package:>22.2f} {eager / package:>20.2f}")
+        return "\n".join(lines)
+
+
+RUNNERS = ("eager", "torch.compile", "package")
+
+
+def measure_compile_speed(archive: Path, threads: int, batch_sizes: Sequence[int], repeats: int,
+                          rounds: int) -> CompileSpeed:
+    """Time the three runners, interleaved, on random batches; best of `rounds` per runner."""
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = extract_archive(archive, Path(tmp))
+        context = archive_context(model_dir)
+        settings = parse_classifier_settings((context.model_yaml_config or {})["handler"])
+        fp32 = next(p for p in settings.compiled_packages if p.target.precision == "fp32")
+        weights = model_dir / context.manifest["model"]["serializedFile"]
+        eager = load_model(settings.model, weights, torch.device("cpu"))
+        eager = eager.to(memory_format=torch.channels_last) if settings.channels_last else eager
+        package = load_aoti_package(model_dir / fp32.file)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = True
+        compiled = torch.compile(eager, dynamic=False)
+        size = settings.input_size
+        batches = {b: torch.randn(b, 3, size, size).contiguous(memory_format=torch.channels_last)
+                   for b in batch_sizes}
+        started = time.perf_counter()
+        with torch.inference_mode():
+            for batch in batches.values():
+                compiled(batch)
+        warm_up_s = time.perf_counter() - started
+        forwards: dict[str, Forward] = dict(zip(RUNNERS, (eager, compiled, package), strict=True))
+        timings: dict[tuple[str, int], list[float]] = {}
+        for _ in range(rounds):
+            for b, batch in batches.items():
+                for name, forward in forwards.items():
+                    timings.setdefault((name, b), []).append(ms_per_batch(forward, batch, repeats))
+    best = {name: {b: min(timings[(name, b)]) for b in batch_sizes} for name in RUNNERS}
+    return CompileSpeed(threads, list(batch_sizes), warm_up_s, best)

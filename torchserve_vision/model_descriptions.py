@@ -1,0 +1,115 @@
+"""Model descriptions (`config/models.yaml`): what each archive holds and how it is served.
+
+A description names the network (source, architecture, weights), its class names, the handler's
+options (written into the archive's YAML) and its serving settings (batch size, delay, workers,
+timeouts), which go into config.properties' `models=` and into every register call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TASKS = ("classification", "detection")
+
+
+class DescriptionError(ValueError):
+    """A model description is incomplete or names something that does not exist."""
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """Batch and worker settings of a model version (TorchServe fixes them at registration);
+    also the `serving:` section of config/models.yaml."""
+
+    batch_size: int = 8
+    max_batch_delay_ms: int = 20
+    min_workers: int = 1
+    max_workers: int = 1
+    response_timeout_s: int = 60
+    startup_timeout_s: int = 120    # TorchServe kills a worker that takes longer to load
+
+    @classmethod
+    def of_version(cls, description: dict[str, Any]) -> ServingSettings:
+        """The settings of a version as TorchServe's `describe` reports them."""
+        return cls(description["batchSize"], description["maxBatchDelay"], description["minWorkers"],
+                   description["maxWorkers"], description["responseTimeout"],
+                   description.get("startupTimeout", cls.startup_timeout_s))
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    name: str
+    version: str
+    task: str
+    source: str
+    architecture: str | None
+    weights: str
+    labels: str
+    num_classes: int | None = None
+    builder_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    handler_options: Mapping[str, Any] = field(default_factory=dict)
+    serving: ServingSettings = field(default_factory=ServingSettings)
+
+    @property
+    def archive_name(self) -> str:
+        return f"{self.name}-{self.version}.mar"
+
+
+def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
+    """One entry of models.yaml -> ModelDescription; DescriptionError naming what is missing or wrong."""
+    try:
+        model = raw["model"]
+        description = ModelDescription(
+            name=str(raw["name"]),
+            version=str(raw.get("version", "1.0")),
+            task=str(raw.get("task", "classification")),
+            source=str(model["source"]),
+            architecture=model.get("architecture"),
+            weights=str(model["weights"]),
+            labels=str(raw["labels"]),
+            num_classes=model.get("num_classes"),
+            builder_kwargs=dict(model.get("kwargs") or {}),
+            handler_options=dict(raw.get("handler", {})),
+            serving=ServingSettings(**raw.get("serving", {})),
+        )
+    except KeyError as error:
+        raise DescriptionError(f"model description {raw.get('name', '?')!r} lacks {error}") from None
+    except TypeError as error:
+        raise DescriptionError(f"model description {raw.get('name', '?')!r}: {error}") from None
+    if description.task not in TASKS:
+        raise DescriptionError(f"{description.name}: unknown task {description.task!r}; "
+                               f"known: {', '.join(TASKS)}")
+    return description
+
+
+def load_descriptions(path: Path) -> list[ModelDescription]:
+    if not path.is_file():
+        raise DescriptionError(f"no model description file at {path}")
+    document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return [parse_description(raw) for raw in document.get("models", [])]
+
+
+def resolve_labels(spec: str) -> list[str]:
+    """`imagenet` / `coco`: class names from torchvision's weight metadata; else a labels file."""
+    if spec == "imagenet":
+        from torchvision.models import ResNet50_Weights
+
+        return list(ResNet50_Weights.DEFAULT.meta["categories"])
+    if spec == "coco":
+        from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
+
+        return list(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise DescriptionError(f"labels file not found: {path} (or use 'imagenet' / 'coco')")
+    from handlers.model_loading import load_labels
+
+    try:
+        return load_labels(path)
+    except ValueError as error:
+        raise DescriptionError(str(error)) from None

@@ -1,0 +1,16 @@
+"""Where the project's files are by default, relative to the directory a command runs in (the
+project's root: `scripts/*.sh` change into it). Every command takes flags to point elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MODEL_DESCRIPTIONS = Path("config/models.yaml")
+MODEL_STORE = Path("model_store")
+DEVELOPMENT_CONFIG = Path("config/config.properties")
+PRODUCTION_CONFIG = Path("config/config.production.properties")
+SERVER_CONFIGS = (DEVELOPMENT_CONFIG, PRODUCTION_CONFIG)
+# Frontend logging at INFO, each line once, written off the request path (see the file).
+LOG_CONFIG = Path("config/log4j2.xml")
+RUN_DIR = Path(".run")
+ROLLOUT_HISTORY = RUN_DIR / "rollout_history.json"

@@ -1,0 +1,89 @@
+"""What a live TorchServe reports about its models, and waiting on it: registered versions, the
+default version, READY workers, queued requests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torchserve_vision.client import ManagementError, TorchServeClient
+
+
+def versions_of(client: TorchServeClient, model: str) -> list[dict[str, Any]]:
+    """Every registered version of `model` ([] when the model is not registered)."""
+    try:
+        return client.describe(model, "all")
+    except ManagementError as error:
+        if error.status == 404:
+            return []
+        raise
+
+
+def default_version(client: TorchServeClient, model: str) -> dict[str, Any] | None:
+    try:
+        described = client.describe(model, None)
+    except ManagementError as error:
+        if error.status == 404:
+            return None
+        raise
+    return described[0] if described else None
+
+
+def ready_workers(description: dict[str, Any]) -> int:
+    return sum(worker.get("status") == "READY" for worker in description.get("workers", []))
+
+
+def kill_worker_and_wait(client: TorchServeClient, model: str, timeout_s: float = 120.0) -> float:
+    """SIGKILL the first worker of the default version (the server must be on this machine) and
+    return the seconds until TorchServe's replacement for it is READY; TimeoutError after
+    `timeout_s`."""
+    worker = client.describe(model, None)[0]["workers"][0]
+    started = time.monotonic()
+    os.kill(int(worker["pid"]), signal.SIGKILL)
+    while time.monotonic() - started < timeout_s:
+        if any(w["id"] == worker["id"] and w["pid"] != worker["pid"] and w["status"] == "READY"
+               for w in client.describe(model, None)[0]["workers"]):
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise TimeoutError(f"{model}: worker {worker['id']} not replaced after {timeout_s:.0f} s")
+
+
+def wait_for_empty_queue(pending: Callable[[], int], timeout_s: float, grace_s: float) -> bool:
+    """Wait until `pending()` (queued requests) has stayed 0 for half a second, then `grace_s` for
+    the batches workers are computing (TorchServe does not show those). False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    empty_polls = 0
+    while empty_polls < 5:
+        if time.monotonic() > deadline:
+            return False
+        empty_polls = empty_polls + 1 if pending() == 0 else 0
+        time.sleep(0.1)
+    time.sleep(grace_s)
+    return True
+
+
+def models_ready(client: TorchServeClient, expected_models: int) -> bool:
+    """At least `expected_models` models registered, each default version with its minimum of
+    READY workers (at least one). /ping alone is not enough: it answers Healthy before any model
+    is loaded, and while workers crash-loop."""
+    try:
+        models = client.list_models()
+        if len(models) < expected_models:
+            return False
+        for model in models:
+            current = default_version(client, model["modelName"])
+            if current is None or ready_workers(current) < max(current["minWorkers"], 1):
+                return False
+    except (ManagementError, KeyError, TypeError):
+        return False
+    return True
+
+
+def queued_requests(client: TorchServeClient) -> int:
+    """Requests queued (not yet taken by a worker) over every version of every model."""
+    return sum(int(version.get("jobQueueStatus", {}).get("pendingRequests", 0))
+               for model in client.list_models()
+               for version in versions_of(client, model["modelName"]))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from handlers.detection import DetectionOptions
-from handlers.errors import ClientError
+from handlers.request_options import invalid_option, option_values, parse_count
 
 OPTION_HEADERS = {
     "score_threshold": "X-Score-Threshold",
@@ -28,30 +28,14 @@ OPTION_HEADERS = {
 OPTION_FIELDS = frozenset(OPTION_HEADERS)
 
 
-def _invalid(name: str, value: object, expected: str) -> ClientError:
-    return ClientError(400, "InvalidParameter", f"{name}={value!r}: expected {expected}")
-
-
 def _fraction(name: str, value: object, allow_zero: bool) -> float:
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise _invalid(name, value, "a number") from None
+        raise invalid_option(name, value, "a number") from None
     low_ok = number >= 0 if allow_zero else number > 0
     if math.isnan(number) or not low_ok or number > 1:
-        raise _invalid(name, value, "a number in [0, 1]" if allow_zero else "a number in (0, 1]")
-    return number
-
-
-def _count(name: str, value: object, cap: int) -> int:
-    if isinstance(value, bool):
-        raise _invalid(name, value, f"an integer from 1 to {cap}")
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise _invalid(name, value, f"an integer from 1 to {cap}") from None
-    if not 1 <= number <= cap:
-        raise _invalid(name, value, f"an integer from 1 to {cap}")
+        raise invalid_option(name, value, "a number in [0, 1]" if allow_zero else "a number in (0, 1]")
     return number
 
 
@@ -61,47 +45,32 @@ def _class_index(item: object, labels: Sequence[str]) -> int:
         index = int(text)
         if 0 <= index < len(labels):
             return index
-        raise _invalid("classes", item, f"a class index from 0 to {len(labels) - 1}")
+        raise invalid_option("classes", item, f"a class index from 0 to {len(labels) - 1}")
     matches = [i for i, label in enumerate(labels) if label == text]
     matches = matches or [i for i, label in enumerate(labels) if label.lower() == text.lower()]
     if not matches:
-        raise _invalid("classes", item, "names from the model's labels or class indices")
+        raise invalid_option("classes", item, "names from the model's labels or class indices")
     return matches[0]
 
 
 def _classes(value: object, labels: Sequence[str]) -> frozenset[int]:
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
-        raise _invalid("classes", value, "a non-empty list of class names or indices")
+        raise invalid_option("classes", value, "a non-empty list of class names or indices")
     return frozenset(_class_index(item, labels) for item in items)
-
-
-def _raw_values(row: Mapping[str, Any], header: Callable[[str], str | None]) -> dict[str, object]:
-    body = row.get("body")
-    fields: Mapping[str, Any] = body if isinstance(body, Mapping) else row
-    values: dict[str, object] = {}
-    for name, header_name in OPTION_HEADERS.items():
-        value = fields.get(name)
-        if isinstance(value, (bytes, bytearray)):
-            value = bytes(value).decode("utf-8", errors="replace")
-        if value is None:
-            value = header(header_name)
-        if value is not None:
-            values[name] = value
-    return values
 
 
 def parse_detection_options(row: Mapping[str, Any], header: Callable[[str], str | None],
                             defaults: DetectionOptions, labels: Sequence[str],
                             max_detections_cap: int) -> DetectionOptions:
     """This request's options: its own values over `defaults`; ClientError(400) when invalid."""
-    values = _raw_values(row, header)
+    values = option_values(row, header, OPTION_HEADERS)
     return DetectionOptions(
         score_threshold=_fraction("score_threshold", values["score_threshold"], allow_zero=True)
         if "score_threshold" in values else defaults.score_threshold,
         iou_threshold=_fraction("iou_threshold", values["iou_threshold"], allow_zero=False)
         if "iou_threshold" in values else defaults.iou_threshold,
-        max_detections=_count("max_detections", values["max_detections"], max_detections_cap)
+        max_detections=parse_count("max_detections", values["max_detections"], max_detections_cap)
         if "max_detections" in values else defaults.max_detections,
         classes=_classes(values["classes"], labels) if "classes" in values else defaults.classes,
     )

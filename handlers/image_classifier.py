@@ -1,7 +1,9 @@
 """TorchServe entry module for image classification (exactly one handler class, a TorchServe rule).
 
 Per request: raw image bytes, a multipart upload or JSON {"data": "<base64>"} ->
-`[{"label": str, "index": int, "probability": float}, ...]`, the top-k classes, best first.
+`[{"label": str, "index": int, "probability": float}, ...]`, the top-k classes, best first
+(k: the archive's `top_k`, or the request's own: see `handlers.classification_options`). An
+Open Inference Protocol request gets labels, probabilities and class ids as v2 tensors.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from typing import Any
 
 import torch
 
-from handlers.classification import ClassScore, top_k_classes
+from handlers.classification import ClassificationRequest, ClassScore, top_k_classes
+from handlers.classification_options import OPTION_FIELDS, parse_top_k
 from handlers.compiled_model import MachineTarget, Runner, compiled_or_eager
 from handlers.decode import decode_image_bytes
+from handlers.inference_protocol import TensorOutput, classification_outputs
 from handlers.model_loading import autocast
 from handlers.request_body import extract_image_bytes
 from handlers.serving import BatchedImageHandler, HeaderReader
@@ -22,7 +26,7 @@ from handlers.transforms import preprocess_classification_batch
 
 
 class ImageClassifierHandler(
-        BatchedImageHandler[torch.Tensor, torch.Tensor, torch.Tensor, ClassifierSettings]):
+        BatchedImageHandler[ClassificationRequest, torch.Tensor, torch.Tensor, ClassifierSettings]):
     model: Runner  # the compiled package when it may run here, else `eager_forward`
 
     def parse_settings(self, handler_section: Mapping[str, Any]) -> ClassifierSettings:
@@ -36,14 +40,16 @@ class ImageClassifierHandler(
             self.settings.compiled_packages, self.model_dir,
             MachineTarget.here(self.device, self.precision), self.eager_forward, timeout_s)
 
-    def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> torch.Tensor:
+    def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> ClassificationRequest:
         settings = self.settings
-        return decode_image_bytes(extract_image_bytes(row), settings.limits, self.device,
-                                  settings.resize_size if settings.jpeg_draft else None)
+        top_k = parse_top_k(row, header, settings.top_k, len(self.labels))
+        image = decode_image_bytes(extract_image_bytes(row, OPTION_FIELDS), settings.limits,
+                                   self.device, settings.resize_size if settings.jpeg_draft else None)
+        return ClassificationRequest(image, top_k)
 
-    def preprocess(self, items: Sequence[torch.Tensor]) -> torch.Tensor:
+    def preprocess(self, items: Sequence[ClassificationRequest]) -> torch.Tensor:
         batch = preprocess_classification_batch(
-            items,
+            [item.image for item in items],
             self.settings.resize_size,
             self.settings.input_size,
             self.settings.mean,
@@ -62,8 +68,12 @@ class ImageClassifierHandler(
         return self.model(model_input)
 
     def postprocess(self, model_output: torch.Tensor, model_input: torch.Tensor,
-                    items: Sequence[torch.Tensor]) -> list[list[ClassScore]]:
-        return top_k_classes(model_output, self.labels, self.settings.top_k)
+                    items: Sequence[ClassificationRequest]) -> list[list[ClassScore]]:
+        ranked = top_k_classes(model_output, self.labels, max(item.top_k for item in items))
+        return [scores[: item.top_k] for scores, item in zip(ranked, items, strict=True)]
+
+    def v2_outputs(self, answer: list[ClassScore]) -> list[TensorOutput]:
+        return classification_outputs(answer)
 
     def warm_up(self, batch_size: int) -> None:
         size = self.settings.input_size

@@ -5,7 +5,8 @@ Two kinds of model, torchvision detectors and YOLO-style single-tensor models: s
 
 Per request -> `[{"label": str, "index": int, "score": float, "box": [x1, y1, x2, y2]}, ...]` in
 the original image's pixels (after EXIF orientation), clipped to it, best first; `[]` when nothing
-is found. Options per request: see `handlers.detection_options`.
+is found. Options per request: see `handlers.detection_options`. An Open Inference Protocol
+request gets boxes, scores, labels and class ids as v2 tensors.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from handlers.decode import decode_image_bytes
 from handlers.detection import Detection, DetectionRequest, DetectorInput, format_detections
 from handlers.detection_options import OPTION_FIELDS, parse_detection_options
 from handlers.detector_formats import DetectorFormat, detector_format
+from handlers.inference_protocol import TensorOutput, detection_outputs
 from handlers.model_loading import autocast
 from handlers.request_body import extract_image_bytes
 from handlers.serving import BatchedImageHandler, HeaderReader
@@ -57,6 +59,9 @@ class ObjectDetectorHandler(
         found = self.format.detections(model_output, model_input, [item.image for item in items],
                                        [item.options for item in items])
         return [format_detections(detections, self.labels) for detections in found]
+
+    def v2_outputs(self, answer: list[Detection]) -> list[TensorOutput]:
+        return detection_outputs(answer)
 
     def warm_up(self, batch_size: int) -> None:
         image = torch.zeros(3, *WARM_UP_SIZE_HW, dtype=torch.uint8, device=self.device)

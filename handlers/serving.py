@@ -31,6 +31,14 @@ from handlers.batch_record import STAGES, BatchRecord
 from handlers.batching import decode_each, merge_outcomes
 from handlers.compiled_model import CompiledModelRefused, RunnerKind
 from handlers.errors import ClientError
+from handlers.inference_protocol import (
+    TensorOutput,
+    V2Request,
+    is_v2_request,
+    v2_error,
+    v2_response,
+    v2_to_row,
+)
 from handlers.model_loading import load_labels, load_model, resolve_device, resolve_precision
 from handlers.settings import HandlerSettings, parse_log_batches, parse_torch_threads
 
@@ -157,15 +165,20 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
         self.initialized = True
 
     def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> list[bytes]:
-        """One JSON body per request, in order; statuses set per request on `context`."""
+        """One JSON body per request, in order; statuses set per request on `context`. A request
+        in the Open Inference Protocol's form is answered in that form (see inference_protocol)."""
         record = BatchRecord(self.model_name, self.model_version, size=len(data), runner=self.runner)
+        v2_requests: dict[int, V2Request] = {}
+
+        def decode(index: int) -> Item:
+            row = data[index]
+            if is_v2_request(row.get("body")):
+                v2_requests[index] = V2Request(None)
+                row, v2_requests[index] = v2_to_row(row["body"])
+            return self.decode_request(row, lambda name: context.get_request_header(index, name))
+
         with record.timing("decode"):
-            decoded = decode_each(
-                len(data),
-                lambda index: self.decode_request(
-                    data[index], lambda name: context.get_request_header(index, name)
-                ),
-            )
+            decoded = decode_each(len(data), decode)
         answers: list[Any] = []
         if decoded.items:
             with torch.inference_mode():
@@ -177,7 +190,7 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
             logger.info(record.to_log_line())
         emit_batch_metrics(getattr(context, "metrics", None), record)
         return [
-            self.write_response(context, index, outcome, len(data))
+            self.write_response(context, index, outcome, len(data), v2_requests.get(index))
             for index, outcome in enumerate(outcomes)
         ]
 
@@ -247,14 +260,20 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
     def warm_up(self, batch_size: int) -> None:
         """Run the model at the sizes requests will use, so no request pays first-call costs."""
 
+    @abstractmethod
+    def v2_outputs(self, answer: Any) -> list[TensorOutput]:
+        """One request's answer (as `postprocess` gave it) as Open Inference Protocol tensors."""
+
     # --- helpers --------------------------------------------------------------------------
-    @staticmethod
-    def write_response(
-        context: TorchServeContext, index: int, outcome: Any, batch_size: int
-    ) -> bytes:
+    def write_response(self, context: TorchServeContext, index: int, outcome: Any, batch_size: int,
+                       v2_request: V2Request | None = None) -> bytes:
         context.set_response_content_type(index, JSON_CONTENT_TYPE)
         context.set_response_header(index, BATCH_SIZE_HEADER, str(batch_size))
         if isinstance(outcome, ClientError):
             context.set_response_status(outcome.status, outcome.phrase, index)
-            return outcome.to_json_bytes()
+            body = v2_error(outcome) if v2_request is not None else None
+            return json.dumps(body).encode("utf-8") if body is not None else outcome.to_json_bytes()
+        if v2_request is not None:
+            outcome = v2_response(self.model_name, self.model_version, v2_request,
+                                  self.v2_outputs(outcome))
         return json.dumps(outcome).encode("utf-8")

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,14 @@ import psutil
 
 from torchserve_vision import paths
 from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
-from torchserve_vision.server_state import models_ready, queued_requests, wait_for_empty_queue
+from torchserve_vision.deployment_settings import AS_WRITTEN, DeploymentSettings, local_url
+from torchserve_vision.pod_health import PodHealth, ProbeEndpoint
+from torchserve_vision.server_state import (
+    models_ready,
+    not_ready_reason,
+    queued_requests,
+    wait_for_empty_queue,
+)
 from torchserve_vision.torchserve_config import read_properties, render_properties
 
 
@@ -39,6 +47,7 @@ class TorchServeInstance:
     management_url: str
     metrics_url: str
     log_config: Path | None = paths.LOG_CONFIG  # None: TorchServe's built-in log4j2 config
+    settings: DeploymentSettings = AS_WRITTEN  # from the environment, for `server run`
 
     @property
     def tmp_dir(self) -> Path:
@@ -93,16 +102,17 @@ class TorchServeInstance:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def instance_for(config_path: Path, run_dir: Path,
-                 log_config: Path | None = paths.LOG_CONFIG) -> TorchServeInstance:
-    properties = read_properties(config_path)
+def instance_for(config_path: Path, run_dir: Path, log_config: Path | None = paths.LOG_CONFIG,
+                 settings: DeploymentSettings = AS_WRITTEN) -> TorchServeInstance:
+    properties = settings.apply(read_properties(config_path))
     return TorchServeInstance(
         run_dir=run_dir.resolve(),
         config_path=config_path.resolve(),
-        inference_url=properties.get("inference_address", "http://127.0.0.1:8080"),
-        management_url=properties.get("management_address", "http://127.0.0.1:8081"),
-        metrics_url=properties.get("metrics_address", "http://127.0.0.1:8082"),
+        inference_url=local_url(properties.get("inference_address", "http://127.0.0.1:8080")),
+        management_url=local_url(properties.get("management_address", "http://127.0.0.1:8081")),
+        metrics_url=local_url(properties.get("metrics_address", "http://127.0.0.1:8082")),
         log_config=log_config.resolve() if log_config else None,
+        settings=settings,
     )
 
 
@@ -123,9 +133,10 @@ def java_regex_literal(text: str) -> str:
 
 
 def write_effective_config(instance: TorchServeInstance, model_store: Path) -> Path:
-    """The instance's config with `model_store` made absolute and `allowed_urls` restricted to
-    archives directly in it (TorchServe copies a file:// URL that matches into the store)."""
-    properties = read_properties(instance.config_path)
+    """The instance's config with its deployment settings applied, `model_store` made absolute
+    and `allowed_urls` restricted to archives directly in it (TorchServe copies a file:// URL that
+    matches into the store)."""
+    properties = instance.settings.apply(read_properties(instance.config_path))
     store = str(model_store.resolve())
     properties["model_store"] = store
     properties["allowed_urls"] = f"file://{java_regex_literal(store)}/[^/]+\\\\.mar"
@@ -238,26 +249,68 @@ def frontend_pid(instance: TorchServeInstance) -> int | None:
     return pid if pid and psutil.pid_exists(pid) else None
 
 
+@dataclass(frozen=True)
+class ForegroundOptions:
+    """How `run_in_foreground` starts and stops. The stop takes at most about
+    `drain_delay_s + drain_timeout_s + drain_grace_s + stop_timeout_s` (`stop_bound_s`)."""
+
+    start_timeout_s: float = 180.0
+    drain_delay_s: float = 0.0     # serving on, readiness false: time for load balancers to notice
+    drain_timeout_s: float = 30.0  # then up to this long for queued requests to be answered
+    drain_grace_s: float = 1.0     # then this long for the batches being computed
+    stop_timeout_s: float = 30.0
+    probe_host: str = "127.0.0.1"
+    probe_port: int | None = None  # None: no probe endpoint (see pod_health)
+
+    @property
+    def stop_bound_s(self) -> float:
+        return self.drain_delay_s + self.drain_timeout_s + self.drain_grace_s + self.stop_timeout_s
+
+
+DEFAULT_FOREGROUND = ForegroundOptions()
+
+
 def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = None,
-                      timeout_s: float = 180.0, drain_timeout_s: float = 30.0,
-                      on_ready: Callable[[], None] = lambda: None) -> None:
+                      options: ForegroundOptions = DEFAULT_FOREGROUND,
+                      on_ready: Callable[[], None] = lambda: None,
+                      on_event: Callable[[str], None] = lambda line: None) -> None:
     """Start TorchServe, wait until every model's workers are READY, call `on_ready`, and serve
-    until SIGTERM or SIGINT; then drain queued requests (up to `drain_timeout_s`) and stop.
-    ServerError when it does not start, or when the frontend exits on its own."""
+    until SIGTERM or SIGINT. Then: readiness false (the probe endpoint answers 503 "draining"),
+    `drain_delay_s` still serving, queued and in-flight requests answered (up to
+    `drain_timeout_s`), TorchServe stopped. ServerError when it does not start, or when the
+    frontend exits on its own."""
     stop_requested = threading.Event()
     handled = (signal.SIGTERM, signal.SIGINT)
     previous = {number: signal.signal(number, lambda *_: stop_requested.set()) for number in handled}
+    store = model_store or configured_model_store(instance.config_path)
+    health = PodHealth(check=lambda: not_ready_reason(instance.client(timeout_s=2.0),
+                                                      expected_model_count(instance, store)),
+                       frontend_alive=lambda: frontend_pid(instance) is not None)
+    probes: ProbeEndpoint | nullcontext[None] = nullcontext()
+    if options.probe_port is not None:
+        probes = ProbeEndpoint(health, options.probe_host, options.probe_port)
     try:
-        try:
-            start(instance, model_store, timeout_s)
-        except ServerError:
-            stop(instance)
-            raise
-        on_ready()
-        while not stop_requested.wait(1.0):
-            if frontend_pid(instance) is None:
-                raise ServerError(f"TorchServe exited on its own; see {instance.log_dir}")
-        stop(instance, drain_timeout_s=drain_timeout_s)
+        with probes:
+            try:
+                start(instance, store, options.start_timeout_s)
+            except ServerError:
+                stop(instance)
+                raise
+            health.started.set()
+            health.refresh()
+            on_ready()
+            while not stop_requested.wait(1.0):
+                if frontend_pid(instance) is None:
+                    raise ServerError(f"TorchServe exited on its own; see {instance.log_dir}")
+            stop_started = time.monotonic()
+            health.draining.set()
+            on_event(f"stopping: readiness false, serving for {options.drain_delay_s:g} s more")
+            time.sleep(options.drain_delay_s)
+            if not drain(instance, options.drain_timeout_s, options.drain_grace_s):
+                on_event(f"requests still queued after {options.drain_timeout_s:g} s; stopping anyway")
+            stop(instance, timeout_s=options.stop_timeout_s)
+            on_event(f"stopped {time.monotonic() - stop_started:.1f} s after the signal "
+                     f"(bound {options.stop_bound_s:g} s)")
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

@@ -65,21 +65,31 @@ def wait_for_empty_queue(pending: Callable[[], int], timeout_s: float, grace_s: 
     return True
 
 
-def models_ready(client: TorchServeClient, expected_models: int) -> bool:
-    """At least `expected_models` models registered, each default version with its minimum of
-    READY workers (at least one). /ping alone is not enough: it answers Healthy before any model
-    is loaded, and while workers crash-loop."""
+def not_ready_reason(client: TorchServeClient, expected_models: int) -> str | None:
+    """None when at least `expected_models` models are registered and each default version has its
+    minimum of READY workers (at least one); otherwise why not. /ping alone is not enough: it
+    answers Healthy before any model is loaded, and while workers crash-loop."""
     try:
         models = client.list_models()
         if len(models) < expected_models:
-            return False
+            return f"{len(models)} of {expected_models} models registered"
         for model in models:
             current = default_version(client, model["modelName"])
-            if current is None or ready_workers(current) < max(current["minWorkers"], 1):
-                return False
-    except (ManagementError, KeyError, TypeError):
-        return False
-    return True
+            if current is None:
+                return f"{model['modelName']}: no default version"
+            needed = max(current["minWorkers"], 1)
+            if ready_workers(current) < needed:
+                return f"{model['modelName']}: {ready_workers(current)} of {needed} workers READY"
+    except ManagementError as error:
+        return f"management API: {error.status or 'no answer'}"
+    except (KeyError, TypeError) as error:
+        return f"unexpected management API answer: {error!r}"
+    return None
+
+
+def models_ready(client: TorchServeClient, expected_models: int) -> bool:
+    """Every model's default version has READY workers (see `not_ready_reason`)."""
+    return not_ready_reason(client, expected_models) is None
 
 
 def queued_requests(client: TorchServeClient) -> int:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 from torchserve_vision import paths
 from torchserve_vision.cli.common import subcommand
+from torchserve_vision.deployment_settings import DeploymentSettings, SettingsError
 from torchserve_vision.server_process import (
+    ForegroundOptions,
     TorchServeInstance,
     instance_for,
     ping,
@@ -26,6 +30,18 @@ pid file), so several instances can run side by side.
   torchserve-vision server status               # exit 0 when every model has READY workers
   torchserve-vision server stop                 # answers queued requests first (--drain-timeout)
   torchserve-vision server run                  # in the foreground until SIGTERM / Ctrl-C
+  torchserve-vision server run --probe-port 8090 --drain-delay 5   # a container's command
+
+`run` serves readiness and liveness probes on --probe-port (GET /ready, GET /live; no key
+needed), and on SIGTERM turns readiness false, keeps serving for --drain-delay seconds, answers
+what is queued and in flight (up to --drain-timeout), stops TorchServe and exits 0.
+
+Environment (a deployment's settings; unset = the config as written):
+  TSV_BIND_ADDRESS=0.0.0.0        inference, management, metrics and probe addresses
+  TSV_WORKERS=N                   workers of every model
+  TSV_TOKEN_AUTHORIZATION=on|off  TorchServe's token authorization
+  TSV_MODEL_STORE=/path           default of --model-store
+  TSV_PROBE_PORT=8090             default of --probe-port
 """
 
 
@@ -39,8 +55,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     location.add_argument("--run-dir", type=Path, default=paths.RUN_DIR,
                           help=f"logs, keys and the pid file (default: {paths.RUN_DIR})")
     starting = argparse.ArgumentParser(add_help=False)
-    starting.add_argument("--model-store", type=Path, default=None,
-                          help="default: the config's model_store")
+    store = os.environ.get("TSV_MODEL_STORE")
+    starting.add_argument("--model-store", type=Path, default=Path(store) if store else None,
+                          help="default: $TSV_MODEL_STORE, else the config's model_store")
     starting.add_argument("--timeout", type=float, default=180.0,
                           help="seconds to wait until every model's workers are READY")
     starting.add_argument("--log-config", type=Path, default=paths.LOG_CONFIG,
@@ -50,11 +67,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     draining = argparse.ArgumentParser(add_help=False)
     draining.add_argument("--drain-timeout", type=float, default=30.0,
                           help="seconds to wait for queued requests before stopping (0: at once)")
+    probing = argparse.ArgumentParser(add_help=False)
+    probe_port = os.environ.get("TSV_PROBE_PORT")
+    probing.add_argument("--probe-port", type=int, default=int(probe_port) if probe_port else None,
+                         help="serve GET /ready and /live on this port (default: $TSV_PROBE_PORT; "
+                              "none when unset)")
+    probing.add_argument("--drain-delay", type=float, default=0.0,
+                         help="seconds to keep serving after SIGTERM with readiness false, before "
+                              "draining (time for load balancers to stop sending)")
     for name, parents, run, text in (
             ("start", [location, starting], run_start, "start TorchServe and wait for READY workers"),
             ("stop", [location, draining], run_stop, "drain, then stop TorchServe"),
             ("status", [location], run_status, "exit 0 when every model has READY workers"),
-            ("run", [location, starting, draining], run_foreground,
+            ("run", [location, starting, draining, probing], run_foreground,
              "start, serve until SIGTERM or SIGINT, drain, stop (a container's command)")):
         actions.add_parser(name, parents=parents, help=text, description=text).set_defaults(run=run)
 
@@ -62,7 +87,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 def instance_from(args: argparse.Namespace) -> TorchServeInstance:
     log_config = None if getattr(args, "builtin_log_config", False) else getattr(args, "log_config",
                                                                                 paths.LOG_CONFIG)
-    return instance_for(args.config, args.run_dir, log_config)
+    try:
+        settings = DeploymentSettings.from_environment()
+    except SettingsError as error:
+        raise SystemExit(f"error: {error}") from None
+    return instance_for(args.config, args.run_dir, log_config, settings)
 
 
 def run_start(args: argparse.Namespace) -> int:
@@ -94,8 +123,19 @@ def run_status(args: argparse.Namespace) -> int:
 
 def run_foreground(args: argparse.Namespace) -> int:
     instance = instance_from(args)
-    run_in_foreground(instance, args.model_store, args.timeout, args.drain_timeout,
-                      on_ready=lambda: print(f"TorchServe is ready at {instance.inference_url}; "
-                                             "stop with SIGTERM or Ctrl-C", flush=True))
-    print("TorchServe has stopped")
+    options = ForegroundOptions(start_timeout_s=args.timeout, drain_delay_s=args.drain_delay,
+                                drain_timeout_s=args.drain_timeout,
+                                probe_host=instance.settings.bind_address or "127.0.0.1",
+                                probe_port=args.probe_port)
+    if instance.settings.describe():
+        print(f"from the environment: {instance.settings.describe()}", flush=True)
+
+    def ready() -> None:
+        probes = f"; probes on port {args.probe_port}" if args.probe_port is not None else ""
+        print(f"TorchServe is ready at {instance.inference_url}{probes}; stop with SIGTERM or "
+              "Ctrl-C", flush=True)
+
+    run_in_foreground(instance, args.model_store, options, on_ready=ready,
+                      on_event=lambda line: print(line, file=sys.stderr, flush=True))
+    print("TorchServe has stopped", flush=True)
     return 0

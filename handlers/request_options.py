@@ -1,0 +1,45 @@
+"""Per-request options shared by the handlers: where a request's values come from (a JSON body,
+multipart form fields, request headers; the body beats a header) and the checks every option
+type needs. A malformed or out-of-range value is a 400 for that request alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from handlers.errors import ClientError
+
+
+def invalid_option(name: str, value: object, expected: str) -> ClientError:
+    return ClientError(400, "InvalidParameter", f"{name}={value!r}: expected {expected}")
+
+
+def parse_count(name: str, value: object, cap: int) -> int:
+    """A whole number from 1 to `cap` (an int, or its text)."""
+    if isinstance(value, bool):
+        raise invalid_option(name, value, f"an integer from 1 to {cap}")
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise invalid_option(name, value, f"an integer from 1 to {cap}") from None
+    if not 1 <= number <= cap:
+        raise invalid_option(name, value, f"an integer from 1 to {cap}")
+    return number
+
+
+def option_values(row: Mapping[str, Any], header: Callable[[str], str | None],
+                  option_headers: Mapping[str, str]) -> dict[str, object]:
+    """The raw values a request gives for the options named in `option_headers` (option name ->
+    header name): from its JSON body or form fields, else from its headers."""
+    body = row.get("body")
+    fields: Mapping[str, Any] = body if isinstance(body, Mapping) else row
+    values: dict[str, object] = {}
+    for name, header_name in option_headers.items():
+        value = fields.get(name)
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value).decode("utf-8", errors="replace")
+        if value is None:
+            value = header(header_name)
+        if value is not None:
+            values[name] = value
+    return values

@@ -1,0 +1,168 @@
+"""`torchserve-vision server run` as a pod's container runs it: the production config (token
+authorization on), settings from the environment, probes on a port of their own, SIGTERM under
+load, and a worker crash-loop seen by readiness (not by /ping) and recovered from."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.images import CAT_LABELS, photo_bytes
+from tests.server.http_client import concurrently
+from tests.server.load import ContinuousLoad
+from torchserve_vision import paths
+from torchserve_vision.lab.pods import Pod
+from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.torchserve_config import server_config
+
+pytestmark = pytest.mark.server
+MODEL = "efficientnet_lite0"
+FAIL_MARKER_VARIABLE = "TSV_TEST_FAIL_WHILE_EXISTS"
+FAIL_WHILE_MARKED_HANDLER = f"""
+import os
+
+from handlers.image_classifier import ImageClassifierHandler
+
+
+class FailWhileMarkedClassifier(ImageClassifierHandler):
+    def initialize(self, context):
+        marker = os.environ.get("{FAIL_MARKER_VARIABLE}")
+        if marker and os.path.exists(marker):
+            raise RuntimeError("failing on purpose while " + marker + " exists")
+        super().initialize(context)
+"""
+
+
+def classifier_description():
+    return next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == MODEL)
+
+
+@pytest.fixture(scope="module")
+def pod_store(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The classifier as built for the session (fast start: ahead-of-time packages), its entry
+    module replaced by one that fails to load while a marker file exists."""
+    store = tmp_path_factory.mktemp("pod_store")
+    name = classifier_description().archive_name
+    with zipfile.ZipFile(model_store / name) as old, zipfile.ZipFile(store / name, "w") as new:
+        for item in old.infolist():
+            data = old.read(item.filename)
+            if item.filename == "MAR-INF/MANIFEST.json":
+                manifest = json.loads(data)
+                manifest["model"]["handler"] = "fail_while_marked_classifier.py"
+                data = json.dumps(manifest).encode()
+            new.writestr(item, data)
+        new.writestr("fail_while_marked_classifier.py", FAIL_WHILE_MARKED_HANDLER)
+    return store
+
+
+@pytest.fixture
+def pod(pod_store: Path, tmp_path: Path) -> Iterator[Pod]:
+    """`server run` with the production config and a deployment's environment (one worker)."""
+    config = server_config(tmp_path, pod_store, paths.PRODUCTION_CONFIG,
+                           load_models=f"{classifier_description().archive_name}")
+    marker = tmp_path / "fail-marker"
+    pod = Pod("pod", config, tmp_path / "run", pod_store, drain_delay_s=2.0,
+              environment={"TSV_WORKERS": "1", "TSV_TOKEN_AUTHORIZATION": "on",
+                           FAIL_MARKER_VARIABLE: str(marker)})
+    try:
+        pod.start()
+        pod.wait_ready()
+        yield pod
+    finally:
+        pod.kill()
+
+
+def inference_url(pod: Pod) -> str:
+    return f"{pod.instance.inference_url}/predictions/{MODEL}"
+
+
+def test_environment_settings_are_applied_and_the_probes_need_no_key(pod: Pod):
+    client = pod.instance.client()
+    assert len(client.describe(MODEL, None)[0]["workers"]) == 1       # TSV_WORKERS=1 (config: 2)
+    unauthenticated = requests.post(inference_url(pod), data=photo_bytes("chelsea.png"), timeout=30)
+    assert unauthenticated.status_code in (400, 401)                  # token authorization on
+    assert pod.probe("/ready") == (200, {"ready": True})
+    assert pod.probe("/live") == (200, {"live": True})
+    assert "from the environment: 1 workers per model, token authorization on" in pod.output()
+
+
+def test_sigterm_answers_every_accepted_request_and_exits_zero(pod: Pod):
+    """A burst queued at SIGTERM is answered in full; then the process exits 0 within its bound."""
+    headers = {"Content-Type": "image/png", **pod.instance.client().auth_headers("inference")}
+    url, image = inference_url(pod), photo_bytes("chelsea.png")
+    answers: list[requests.Response] = []
+    sent = threading.Event()
+
+    def one_request() -> requests.Response:
+        sent.set()
+        return requests.post(url, data=image, headers=headers, timeout=60)
+
+    burst = threading.Thread(target=lambda: answers.extend(concurrently([one_request] * 24, 24)))
+    burst.start()
+    sent.wait(10)
+    time.sleep(0.2)            # the burst is queued: 24 requests, batches of 8, one worker
+    pod.terminate()
+    burst.join(120)
+    code, seconds = pod.wait(timeout_s=120)
+    assert [a.status_code for a in answers] == [200] * 24
+    assert all(a.json()[0]["label"] in CAT_LABELS for a in answers)
+    assert code == 0, pod.output()[-2000:]
+    bound = 2.0 + 30.0 + 1.0 + 30.0          # drain delay + drain timeout + grace + stop timeout
+    assert seconds < bound
+    assert "stopped" in pod.output() and "TorchServe has stopped" in pod.output()
+
+
+def test_continuous_load_that_follows_readiness_sees_no_failure_through_a_stop(pod: Pod):
+    """Clients that stop sending when readiness turns false, as a load balancer does: every
+    request they sent is answered, during the drain delay included."""
+    headers = pod.instance.client().auth_headers("inference")
+    with ContinuousLoad(inference_url(pod), photo_bytes("coffee.png"), clients=4,
+                        headers=lambda: headers) as load:
+        time.sleep(3)
+        pod.terminate()
+        deadline = time.monotonic() + 10
+        while pod.ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, body = pod.probe("/ready")
+    code, _ = pod.wait(timeout_s=120)
+    assert (status, body) == (503, {"ready": False, "reason": "draining"})
+    assert load.outcomes and all(outcome.status == 200 for outcome in load.outcomes), \
+        [o for o in load.outcomes if o.status != 200][:3]
+    sent_after_signal = [o for o in load.outcomes if o.sent_at > (pod.signalled_at or 0)]
+    assert sent_after_signal                  # the drain delay kept serving
+    assert code == 0
+
+
+def test_readiness_is_false_while_a_worker_crash_loops_and_true_after_recovery(pod: Pod):
+    marker = Path(pod.environment[FAIL_MARKER_VARIABLE])
+    marker.touch()
+    worker = pod.instance.client().describe(MODEL, None)[0]["workers"][0]
+    os.kill(int(worker["pid"]), signal.SIGKILL)      # its replacement fails to load, again and again
+    reasons: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(reasons) < 20:
+        status, body = pod.probe("/ready")
+        if status == 503:
+            reasons.append(str(body["reason"]))
+        time.sleep(0.25)
+    assert len(reasons) == 20 and all(f"{MODEL}: 0 of 1 workers READY" == r for r in reasons), reasons
+    assert pod.probe("/live") == (200, {"live": True})    # a crash-looping model is not a dead pod
+    assert "failing on purpose" in (pod.run_dir / "logs" / "model_log.log").read_text()
+    marker.unlink()
+    recovered = time.monotonic()
+    while not pod.ready():
+        assert time.monotonic() - recovered < 120, pod.probe("/ready")
+        time.sleep(0.25)
+    headers = {"Content-Type": "image/png", **pod.instance.client().auth_headers("inference")}
+    answer = requests.post(inference_url(pod), data=photo_bytes("chelsea.png"), headers=headers,
+                           timeout=60)
+    assert answer.status_code == 200 and answer.json()[0]["label"] in CAT_LABELS

@@ -1,0 +1,81 @@
+"""The Open Inference Protocol's request and response forms, without a server."""
+
+from __future__ import annotations
+
+import pytest
+
+from handlers.classification_options import parse_top_k
+from handlers.errors import ClientError
+from handlers.inference_protocol import (
+    V2Request,
+    classification_outputs,
+    detection_outputs,
+    is_v2_request,
+    v2_error,
+    v2_response,
+    v2_to_row,
+)
+
+
+def image_input(data: object = "aGVsbG8=", shape: object = (1,), datatype: str = "BYTES") -> dict:
+    return {"name": "image", "shape": list(shape) if isinstance(shape, tuple) else shape,
+            "datatype": datatype, "data": data}
+
+
+def test_a_v2_request_becomes_the_row_of_the_equivalent_json_request():
+    row, request = v2_to_row({"id": "a1", "parameters": {"top_k": 2}, "inputs": [image_input()]})
+    assert row == {"body": {"top_k": 2, "data": "aGVsbG8="}}
+    assert request == V2Request("a1")
+    nested, _ = v2_to_row({"inputs": [image_input([["aGVsbG8="]], shape=[1, 1])]})
+    assert nested["body"]["data"] == "aGVsbG8="
+
+
+def test_only_bodies_with_inputs_are_v2_requests():
+    assert is_v2_request({"inputs": []})
+    assert not is_v2_request({"data": "aGVsbG8="})
+    assert not is_v2_request(bytearray(b"inputs"))
+
+
+@pytest.mark.parametrize("body", [
+    {"inputs": "x"},
+    {"inputs": [image_input(), image_input()]},
+    {"inputs": [image_input(datatype="UINT8")]},
+    {"inputs": [image_input(["a", "b"], shape=[2])]},
+    {"inputs": [image_input(shape="1")]},
+    {"inputs": [image_input(data=[1])]},
+    {"inputs": [image_input()], "id": 3},
+    {"inputs": [image_input()], "parameters": []},
+    {"inputs": [image_input()], "parameters": {"data": "aGVsbG8="}},
+])
+def test_malformed_v2_requests_are_client_errors(body):
+    with pytest.raises(ClientError) as raised:
+        v2_to_row(body)
+    assert raised.value.status == 400
+    assert v2_error(raised.value) == {"error": raised.value.message}
+
+
+def test_answers_are_v2_tensors_in_the_order_of_the_json_answer():
+    scores = [{"label": "tabby", "index": 281, "probability": 0.7},
+              {"label": "tiger cat", "index": 282, "probability": 0.2}]
+    response = v2_response("m", "1.0", V2Request("x"), classification_outputs(scores))
+    assert response == {"model_name": "m", "model_version": "1.0", "id": "x", "outputs": [
+        {"name": "labels", "shape": [2], "datatype": "BYTES", "data": ["tabby", "tiger cat"]},
+        {"name": "probabilities", "shape": [2], "datatype": "FP32", "data": [0.7, 0.2]},
+        {"name": "class_ids", "shape": [2], "datatype": "INT64", "data": [281, 282]}]}
+    boxes = detection_outputs([{"label": "dog", "index": 18, "score": 0.9, "box": [1, 2, 3, 4]},
+                               {"label": "cat", "index": 17, "score": 0.5, "box": [5, 6, 7, 8]}])
+    assert boxes[0] == {"name": "boxes", "shape": [2, 4], "datatype": "FP32",
+                        "data": [1, 2, 3, 4, 5, 6, 7, 8]}
+    assert detection_outputs([])[0]["shape"] == [0, 4]
+    assert "id" not in v2_response("m", "1.0", V2Request(None), [])
+
+
+def test_top_k_comes_from_the_body_then_the_header_then_the_default():
+    no_header = lambda name: None  # noqa: E731
+    assert parse_top_k({"body": {"data": "x", "top_k": 3}}, lambda name: "4", 5, 1000) == 3
+    assert parse_top_k({"body": bytearray(b"img")}, lambda name: "4", 5, 1000) == 4
+    assert parse_top_k({"data": b"img", "top_k": b"2"}, no_header, 5, 1000) == 2
+    assert parse_top_k({"body": bytearray(b"img")}, no_header, 5, 1000) == 5
+    for bad in (0, 1001, "three", True):
+        with pytest.raises(ClientError):
+            parse_top_k({"body": {"top_k": bad}}, no_header, 5, 1000)

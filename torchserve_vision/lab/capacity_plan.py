@@ -6,8 +6,8 @@ rate, and the HorizontalPodAutoscaler targets of deploy/kubernetes, with the hea
 
 The served model (one server = one pod's configuration) is driven with open-loop Poisson load at
 rising fractions of its closed-loop ceiling; the capacity is the highest offered rate answered
-in full with p99 within the target, every lower rate meeting it too. The planned rate per pod is capacity x (1 - headroom). At
-that rate, TorchServe's own counters (`ts_inference_requests_total`,
+in full with p99 within the target, every lower rate meeting it too. The planned rate per pod is
+capacity x (1 - headroom). At that rate, TorchServe's own counters (`ts_inference_requests_total`,
 `ts_queue_latency_microseconds`, scraped before and after) give the two HPA metrics as
 prometheus-adapter computes them:
 

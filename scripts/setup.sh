@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the project needs, idempotently:
 #   - a Java 17+ runtime (installed with apt when missing and running as root),
+#   - HAProxy, the load balancer of the rolling-update rehearsal (the same way; optional: only
+#     `torchserve-vision lab rolling-update` and its test need it),
 #   - .venv with the pinned packages of requirements.txt / constraints.txt, and this project
 #     installed into it (editable) with its command, .venv/bin/torchserve-vision.
 # Re-running does nothing when both are already in place.
@@ -24,6 +26,20 @@ ensure_java() {
   echo "setup: TorchServe needs a Java 17 (or newer) runtime on PATH, and none was found." >&2
   echo "setup: install it, e.g. 'sudo apt-get install -y openjdk-17-jre-headless', then run this again." >&2
   exit 1
+}
+
+ensure_haproxy() {
+  if command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ]; then
+    return
+  fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing haproxy with apt"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+    return
+  fi
+  echo "setup: haproxy not found (optional: the rolling-update rehearsal needs it;" \
+       "e.g. 'sudo apt-get install -y haproxy')" >&2
 }
 
 find_python() {
@@ -55,5 +71,6 @@ ensure_venv() {
 }
 
 ensure_java
+ensure_haproxy
 ensure_venv
 echo "setup: ready (.venv with torchserve-vision, $(java -version 2>&1 | head -n 1))"

@@ -15,13 +15,14 @@ from torchserve_vision.archives.build import BuildError
 from torchserve_vision.archives.versions import ArchiveError
 from torchserve_vision.cli import build, lab, models, predict, server
 from torchserve_vision.client import ManagementError
+from torchserve_vision.lab.pods import PodError
 from torchserve_vision.model_descriptions import DescriptionError
 from torchserve_vision.rollout import RolloutError, RolloutInterrupted
 from torchserve_vision.server_process import ServerError
 from torchserve_vision.torchserve_config import ConfigError
 
-FAILURES = (ArchiveError, BuildError, ConfigError, DescriptionError, ManagementError, RolloutError,
-            ServerError, TimeoutError)
+FAILURES = (ArchiveError, BuildError, ConfigError, DescriptionError, ManagementError, PodError,
+            RolloutError, ServerError, TimeoutError)
 
 DESCRIPTION = """\
 Serve vision models with TorchServe: build archives, run a server, send images, manage model

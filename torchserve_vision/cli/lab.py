@@ -26,6 +26,7 @@ from torchserve_vision.lab import (
     compile_speed,
     loadgen,
     profile,
+    rolling_update,
     rollout_drill,
     startup,
     sweep,
@@ -47,7 +48,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "load, profile, sweep, tune, compare, measure", DESCRIPTION)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_compile_speed,
-                add_startup, add_rollout_drill, add_plan):
+                add_startup, add_rollout_drill, add_plan,
+                add_rolling_update):
         add(actions)
 
 
@@ -351,3 +353,28 @@ def run_plan(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(capacity_plan.plan_document(plan), indent=2) if args.json else plan.table())
     return 0
+
+
+# --- rolling-update -----------------------------------------------------------------------------
+def add_rolling_update(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "rolling-update",
+                        "pods behind HAProxy stopped and restarted in turn under load",
+                        rolling_update.__doc__ or "", [own_server_flags(), json_flag()])
+    parser.add_argument("--pods", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=20.0, help="requests per second offered")
+    parser.add_argument("--drain-delay", type=float, default=2.0,
+                        help="each pod's --drain-delay (HAProxy checks readiness every 250 ms)")
+    parser.add_argument("--load-models", default="efficientnet_lite0-1.0.mar",
+                        help="the archives each pod loads (default: the classifier)")
+    parser.add_argument("--stock-stop", action="store_true",
+                        help="stop pods with `torchserve --stop` (no drain), for comparison")
+    parser.set_defaults(run=run_rolling_update)
+
+
+def run_rolling_update(args: argparse.Namespace) -> int:
+    store = (args.model_store or configured_model_store(args.config)).resolve()
+    report = rolling_update.rehearse(args.config, store, args.pods, args.rate, args.drain_delay,
+                                     load_models=args.load_models, graceful=not args.stock_stop,
+                                     on_step=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(rolling_update.report_document(report), indent=2) if args.json else report.table())
+    return 0 if report.failed == 0 and all(step.exit_code == 0 for step in report.steps) else 1

@@ -1,0 +1,191 @@
+"""A rolling update rehearsed on one host with real parts: `server run` pods behind HAProxy,
+each pod stopped and started in turn as Kubernetes does it, under continuous open-loop load.
+
+    torchserve-vision lab rolling-update                      # 2 pods, 20 requests/s
+    torchserve-vision lab rolling-update --pods 3 --rate 30 --json
+
+Each pod is a `torchserve-vision server run` process (config/config.properties on free
+127.0.0.1 ports, the project's model store, probes on a port of its own). HAProxy (Debian's
+package) balances requests over the pods and health-checks each pod's GET /ready every 250 ms,
+as a Service's endpoints follow readiness; it does not retry a failed request (`retries 0`), so
+a request sent to a pod that cannot answer counts as a failure. Per pod: SIGTERM (readiness
+false, `--drain-delay` of serving while HAProxy takes it out, drain, stop, exit 0), then a new
+process on the same ports, until ready and back in HAProxy's rotation. Reported: every step's
+time and exit status, requests sent and failed over the whole run. `--stock-stop` stops each
+pod with `torchserve --stop` instead (no readiness change, no drain), for comparison.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import requests
+
+from torchserve_vision.lab.loadgen import LoadTarget, Result, run_open_loop, summarize
+from torchserve_vision.lab.pods import Pod, PodError
+from torchserve_vision.photos import photo_path
+from torchserve_vision.server_process import stop as stop_torchserve
+from torchserve_vision.torchserve_config import free_ports, server_config
+
+CHECK_INTERVAL_MS = 250
+
+
+@dataclass(frozen=True)
+class PodStep:
+    pod: str
+    exit_code: int
+    stop_s: float        # SIGTERM (or the stock stop) to exit
+    restart_s: float     # start to ready, then back in the load balancer's rotation
+
+
+@dataclass(frozen=True)
+class RehearsalReport:
+    pods: int
+    rate_rps: float
+    duration_s: float
+    sent: int
+    failed: int
+    errors: dict[str, int]
+    latency_ms: dict[str, float]
+    steps: list[PodStep]
+
+    def table(self) -> str:
+        lines = [f"{step.pod}: stopped, exit {step.exit_code} after {step.stop_s:.1f} s; "
+                 f"restarted and in rotation in {step.restart_s:.1f} s" for step in self.steps]
+        latency = "  ".join(f"{k} {v:.0f}" for k, v in self.latency_ms.items())
+        lines.append(f"{self.sent} requests at {self.rate_rps:g}/s over {self.duration_s:.0f} s: "
+                     f"{self.failed} failed {self.errors or ''}".rstrip())
+        lines.append(f"latency ms: {latency}")
+        return "\n".join(lines)
+
+
+def haproxy_config(port: int, pods: list[Pod], stats_port: int) -> str:
+    servers = "\n".join(
+        f"    server {pod.name} {pod.instance.inference_url.removeprefix('http://')} "
+        f"check port {pod.probe_port}" for pod in pods)
+    return f"""global
+    maxconn 2000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 120s
+    timeout server 120s
+    retries 0
+frontend inference
+    bind 127.0.0.1:{port}
+    default_backend pods
+frontend stats
+    bind 127.0.0.1:{stats_port}
+    http-request return status 200 content-type text/plain lf-string "%[nbsrv(pods)]"
+backend pods
+    balance roundrobin
+    option httpchk GET /ready
+    http-check expect status 200
+    default-server inter {CHECK_INTERVAL_MS}ms fall 1 rise 2
+{servers}
+"""
+
+
+def haproxy_binary() -> str:
+    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        raise PodError("haproxy is not installed (scripts/setup.sh installs it with apt as root)")
+    return found
+
+
+def servers_up(stats_port: int) -> int:
+    try:
+        return int(requests.get(f"http://127.0.0.1:{stats_port}/", timeout=2).text.strip())
+    except (requests.RequestException, ValueError):
+        return -1
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise PodError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: float = 20.0,
+             drain_delay_s: float = 2.0, settle_s: float = 3.0, load_models: str | None = None,
+             graceful: bool = True, work_dir: Path | None = None,
+             on_step: Callable[[str], None] = lambda line: None) -> RehearsalReport:
+    """Start `pod_count` pods and HAProxy, offer `rate_rps` through it, roll every pod once.
+    `graceful=False` stops each pod the way TorchServe's stock image ends up doing it
+    (`torchserve --stop` at once: in-flight requests are dropped), for comparison."""
+    with tempfile.TemporaryDirectory(prefix="rolling-") as tmp:
+        root = work_dir or Path(tmp)
+        overrides = {"load_models": load_models} if load_models else {}
+        pods = [Pod(f"pod{index}", server_config(root / f"pod{index}", model_store, config, **overrides),
+                    root / f"pod{index}" / "run", model_store, drain_delay_s=drain_delay_s)
+                for index in range(pod_count)]
+        port, stats_port = free_ports(2)
+        (root / "haproxy.cfg").write_text(haproxy_config(port, pods, stats_port))
+        balancer: subprocess.Popen[bytes] | None = None
+        try:
+            for pod in pods:
+                pod.start()
+            for pod in pods:
+                pod.wait_ready()
+            balancer = subprocess.Popen([haproxy_binary(), "-db", "-f", str(root / "haproxy.cfg")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_until(lambda: servers_up(stats_port) == pod_count, 30, "HAProxy to see every pod")
+            on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
+            return roll(pods, port, stats_port, rate_rps, settle_s, graceful, on_step)
+        finally:
+            if balancer is not None:
+                balancer.terminate()
+                balancer.wait(timeout=30)
+            for pod in pods:
+                pod.kill()
+
+
+def roll(pods: list[Pod], port: int, stats_port: int, rate_rps: float, settle_s: float,
+         graceful: bool, on_step: Callable[[str], None]) -> RehearsalReport:
+    target = LoadTarget(f"http://127.0.0.1:{port}/predictions/efficientnet_lite0",
+                        [photo_path().read_bytes()], timeout_s=60)
+    results: list[Result] = []
+    load_done = threading.Event()
+    started = time.perf_counter()
+    load = threading.Thread(target=run_open_loop, daemon=True, kwargs={
+        "target": target, "rate_rps": rate_rps, "duration_s": 3600, "max_requests": 10**7,
+        "max_in_flight": 64, "stop": load_done, "results": results, "started": started})
+    load.start()
+    steps = []
+    try:
+        time.sleep(settle_s)
+        for pod in pods:
+            if graceful:
+                pod.terminate()
+            else:
+                pod.signalled_at = time.monotonic()
+                stop_torchserve(pod.instance)   # no readiness change, no drain
+            code, stop_s = pod.wait(timeout_s=120)
+            restarted = time.monotonic()
+            pod.start()
+            pod.wait_ready()
+            wait_until(lambda: servers_up(stats_port) == len(pods), 30, f"HAProxy to take {pod.name} back")
+            steps.append(PodStep(pod.name, code, stop_s, time.monotonic() - restarted))
+            on_step(f"{pod.name}: exit {code} {stop_s:.1f} s after the stop; back in rotation after "
+                    f"{steps[-1].restart_s:.1f} s")
+            time.sleep(settle_s)
+    finally:
+        load_done.set()
+        load.join(timeout=120)
+    summary = summarize("open loop", results, time.perf_counter() - started, rate_rps)
+    return RehearsalReport(pods=len(pods), rate_rps=rate_rps, duration_s=summary.duration_s,
+                           sent=summary.sent, failed=summary.sent - summary.succeeded,
+                           errors=summary.errors, latency_ms=summary.latency_ms, steps=steps)
+
+
+def report_document(report: RehearsalReport) -> dict[str, object]:
+    return asdict(report)

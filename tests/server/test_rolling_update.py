@@ -18,7 +18,7 @@ CLASSIFIER = "efficientnet_lite0-1.0.mar"
 
 def test_a_rolling_update_under_load_fails_no_request(model_store: Path):
     report = rehearse(paths.DEVELOPMENT_CONFIG, model_store, pod_count=2, rate_rps=15,
-                      settle_s=2.0, load_models=CLASSIFIER)
+                      drain_delay_s=1.0, settle_s=1.0, load_models=CLASSIFIER)
     assert [step.exit_code for step in report.steps] == [0, 0]
     assert report.sent > 15 * 20                     # load ran through both restarts
     assert report.failed == 0, report.errors
@@ -26,6 +26,6 @@ def test_a_rolling_update_under_load_fails_no_request(model_store: Path):
 
 def test_the_stock_stop_drops_requests_in_the_same_rehearsal(model_store: Path):
     report = rehearse(paths.DEVELOPMENT_CONFIG, model_store, pod_count=2, rate_rps=15,
-                      settle_s=2.0, load_models=CLASSIFIER, graceful=False)
+                      settle_s=1.0, load_models=CLASSIFIER, graceful=False, roll_count=1)
     assert report.failed > 0
-    assert all(step.exit_code != 0 for step in report.steps)   # the entrypoint saw TorchServe die
+    assert [step.exit_code for step in report.steps] == [1]   # the entrypoint saw TorchServe die

@@ -101,6 +101,12 @@ def run_arguments(arguments: list[str]):
     return parsed
 
 
+def served_config(spec: dict[str, Any]) -> dict[str, str]:
+    """The TorchServe config the container runs: its --config with its environment applied."""
+    return DeploymentSettings.from_environment(container_environment(spec)).apply(
+        read_properties(REPO / run_arguments(spec["args"]).config))
+
+
 def test_the_container_runs_the_entrypoint_with_a_config_the_image_has(overlay):
     _, resources = overlay
     spec = container(resources)
@@ -117,8 +123,7 @@ def test_ports_probes_and_network_policy_agree_with_the_config(overlay):
     _, resources = overlay
     spec = container(resources)
     environment = container_environment(spec)
-    config = DeploymentSettings.from_environment(environment).apply(
-        read_properties(REPO / run_arguments(spec["args"]).config))
+    config = served_config(spec)
     ports = container_ports(spec)
     for name, key in (("http", "inference_address"), ("management", "management_address"),
                       ("metrics", "metrics_address")):
@@ -157,8 +162,7 @@ def test_workers_times_threads_fit_the_cpu_request(overlay):
     name, resources = overlay
     spec = container(resources)
     environment = container_environment(spec)
-    config = DeploymentSettings.from_environment(environment).apply(
-        read_properties(REPO / run_arguments(spec["args"]).config))
+    config = served_config(spec)
     threads = {description.name: description.handler_options.get("torch_threads")
                for description in load_descriptions(paths.MODEL_DESCRIPTIONS)}
     default_threads = int(environment["OMP_NUM_THREADS"])

@@ -117,9 +117,10 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
 
 def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: float = 20.0,
              drain_delay_s: float = 2.0, settle_s: float = 3.0, load_models: str | None = None,
-             graceful: bool = True, work_dir: Path | None = None,
+             graceful: bool = True, roll_count: int | None = None, work_dir: Path | None = None,
              on_step: Callable[[str], None] = lambda line: None) -> RehearsalReport:
-    """Start `pod_count` pods and HAProxy, offer `rate_rps` through it, roll every pod once.
+    """Start `pod_count` pods and HAProxy, offer `rate_rps` through it, roll every pod once
+    (the first `roll_count` pods, when given).
     `graceful=False` stops each pod the way TorchServe's stock image ends up doing it
     (`torchserve --stop` at once: in-flight requests are dropped), for comparison."""
     with tempfile.TemporaryDirectory(prefix="rolling-") as tmp:
@@ -140,7 +141,7 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_until(lambda: servers_up(stats_port) == pod_count, 30, "HAProxy to see every pod")
             on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
-            return roll(pods, port, stats_port, rate_rps, settle_s, graceful, on_step)
+            return roll(pods, pods[:roll_count], port, stats_port, rate_rps, settle_s, graceful, on_step)
         finally:
             if balancer is not None:
                 balancer.terminate()
@@ -149,8 +150,8 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
                 pod.kill()
 
 
-def roll(pods: list[Pod], port: int, stats_port: int, rate_rps: float, settle_s: float,
-         graceful: bool, on_step: Callable[[str], None]) -> RehearsalReport:
+def roll(pods: list[Pod], rolled: list[Pod], port: int, stats_port: int, rate_rps: float,
+         settle_s: float, graceful: bool, on_step: Callable[[str], None]) -> RehearsalReport:
     target = LoadTarget(f"http://127.0.0.1:{port}/predictions/efficientnet_lite0",
                         [photo_path().read_bytes()], timeout_s=60)
     results: list[Result] = []
@@ -163,7 +164,7 @@ def roll(pods: list[Pod], port: int, stats_port: int, rate_rps: float, settle_s:
     steps = []
     try:
         time.sleep(settle_s)
-        for pod in pods:
+        for pod in rolled:
             if graceful:
                 pod.terminate()
             else:

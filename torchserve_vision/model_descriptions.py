@@ -8,7 +8,7 @@ timeouts), which go into config.properties' `models=` and into every register ca
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,25 @@ def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
         raise DescriptionError(f"{description.name}: unknown task {description.task!r}; "
                                f"known: {', '.join(TASKS)}")
     return description
+
+
+def with_settings_of(new: ModelDescription, base: ModelDescription) -> ModelDescription:
+    """`new`'s network, class names and version with `base`'s handler options (preprocessing,
+    precision, channels_last, torch_threads, compile, limits, ...) and serving settings; an option
+    `new` sets itself wins, one level deep (e.g. `preprocess.input_size` alone). For a version
+    built from flags of a model that config/models.yaml describes: it keeps that model's
+    performance and normalisation settings unless the flags say otherwise."""
+    if new.task != base.task:
+        raise DescriptionError(f"{new.name}: a {new.task} model cannot take the settings of the "
+                               f"{base.task} model of the same name")
+    options: dict[str, Any] = dict(base.handler_options)
+    for key, value in new.handler_options.items():
+        inherited = options.get(key)
+        if isinstance(value, Mapping) and isinstance(inherited, Mapping):
+            options[key] = {**inherited, **value}
+        else:
+            options[key] = value
+    return replace(new, handler_options=options, serving=base.serving)
 
 
 def load_descriptions(path: Path) -> list[ModelDescription]:

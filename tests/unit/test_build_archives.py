@@ -230,3 +230,25 @@ def test_config_properties_agrees_with_the_model_descriptions():
     entry = json.loads(rendered["models"])["efficientnet_lite0"]["1.0"]
     assert entry["batchSize"] == descriptions[0].serving.batch_size
     assert entry["maxBatchDelay"] == descriptions[0].serving.max_batch_delay_ms
+
+
+def test_a_version_built_from_flags_keeps_the_described_settings_unless_fresh(tmp_path, capsys):
+    """`build --name efficientnet_lite0 ...` builds another network under a described name: its
+    normalisation, precision, channels_last, threads, compile and serving settings stay those of
+    config/models.yaml; flags that set an option win; --fresh starts from defaults."""
+    from torchserve_vision.cli import command_parser
+    from torchserve_vision.cli.build import chosen_descriptions
+
+    weights = str(tmp_path / "lite2.pth")
+    flags = ["build", "--name", "efficientnet_lite0", "--version", "2.0", "--source", "timm",
+             "--architecture", "efficientnet_lite2", "--weights", weights, "--top-k", "3"]
+    described = next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == "efficientnet_lite0")
+    [kept] = chosen_descriptions(command_parser().parse_args(flags))
+    assert "settings from" in capsys.readouterr().out
+    assert (kept.architecture, kept.weights, kept.version) == ("efficientnet_lite2", weights, "2.0")
+    for option in ("preprocess", "precision", "channels_last", "torch_threads", "compile", "limits"):
+        assert kept.handler_options[option] == described.handler_options[option], option
+    assert kept.handler_options["top_k"] == 3
+    assert kept.serving == described.serving
+    [fresh] = chosen_descriptions(command_parser().parse_args([*flags, "--fresh"]))
+    assert "preprocess" not in fresh.handler_options and fresh.serving != described.serving

@@ -16,6 +16,7 @@ from torchserve_vision.model_descriptions import (
     ModelDescription,
     load_descriptions,
     parse_description,
+    with_settings_of,
 )
 from torchserve_vision.torchserve_config import config_in_sync, write_models_block
 
@@ -66,6 +67,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     single.add_argument("--kwargs", type=json.loads, default={},
                         help='JSON keyword arguments for the architecture builder, e.g. '
                              '\'{"box_score_thresh": 0.01}\'')
+    single.add_argument("--fresh", action="store_true",
+                        help="do not take the handler and serving settings of the --models entry "
+                             "of the same --name (by default a new version keeps them)")
     parser.set_defaults(run=run)
 
 
@@ -90,7 +94,13 @@ def chosen_descriptions(args: argparse.Namespace) -> list[ModelDescription]:
     if args.name:
         if not args.weights:
             raise DescriptionError("--weights is required with --name")
-        return [description_from_flags(args)]
+        built = description_from_flags(args)
+        described = {d.name: d for d in load_descriptions(args.models)} if args.models.is_file() else {}
+        if args.fresh or built.name not in described:
+            return [built]
+        print(f"{built.name}: handler and serving settings from {args.models} "
+              "(--fresh to start from defaults)", flush=True)
+        return [with_settings_of(built, described[built.name])]
     descriptions = load_descriptions(args.models)
     chosen = [d for d in descriptions if args.only is None or d.name in args.only]
     if args.only and len(chosen) != len(set(args.only)):

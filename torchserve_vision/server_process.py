@@ -167,13 +167,12 @@ def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_
     """Wait for /ping and for every model loaded at start to have its workers READY (or until
     `cancelled` is set: the caller is stopping anyway)."""
     deadline = time.monotonic() + timeout_s
+    cancelled = cancelled or threading.Event()
     while time.monotonic() < deadline:
         if ping(instance) and models_ready(instance.client(), expected_models):
             return
-        if cancelled is not None and cancelled.wait(0.5):
+        if cancelled.wait(0.5):
             return
-        if cancelled is None:
-            time.sleep(0.5)
     raise ServerError(f"TorchServe at {instance.inference_url} was not healthy after {timeout_s:.0f} s."
                       f"\nLast lines of {instance.log_dir / 'model_log.log'}:\n"
                       f"{instance.model_log_tail()}")
@@ -289,8 +288,8 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     handled = (signal.SIGTERM, signal.SIGINT)
     previous = {number: signal.signal(number, lambda *_: stop_requested.set()) for number in handled}
     store = model_store or configured_model_store(instance.config_path)
-    health = PodHealth(check=lambda: not_ready_reason(instance.client(timeout_s=2.0),
-                                                      expected_model_count(instance, store)),
+    expected_models = expected_model_count(instance, store)
+    health = PodHealth(check=lambda: not_ready_reason(instance.client(timeout_s=2.0), expected_models),
                        frontend_alive=lambda: frontend_pid(instance) is not None)
     probes: ProbeEndpoint | nullcontext[None] = nullcontext()
     if options.probe_port is not None:

@@ -279,6 +279,11 @@ def own_server_flags() -> argparse.ArgumentParser:
     return flags
 
 
+def own_server_store(args: argparse.Namespace) -> Path:
+    """The model store of a lab command that starts its own servers (`own_server_flags`)."""
+    return Path(args.model_store or configured_model_store(args.config)).resolve()
+
+
 def add_startup(actions: argparse._SubParsersAction) -> None:
     parser = subcommand(actions, "startup",
                         "seconds to READY: cold and warm start, killed worker, scale-up, new version",
@@ -290,7 +295,7 @@ def add_startup(actions: argparse._SubParsersAction) -> None:
 
 
 def run_startup(args: argparse.Namespace) -> int:
-    store = (args.model_store or configured_model_store(args.config)).resolve()
+    store = own_server_store(args)
     figures = startup.measure(args.config, store, args.model)
     print(json.dumps(figures, indent=2) if args.json else startup.markdown(figures))
     return 0
@@ -308,7 +313,7 @@ def add_rollout_drill(actions: argparse._SubParsersAction) -> None:
 
 
 def run_rollout_drill(args: argparse.Namespace) -> int:
-    store = (args.model_store or configured_model_store(args.config)).resolve()
+    store = own_server_store(args)
     outcome = rollout_drill.drill(args.config, store, args.model, args.load_fraction)
     if args.json:
         print(json.dumps(outcome, indent=2))
@@ -372,7 +377,7 @@ def add_rolling_update(actions: argparse._SubParsersAction) -> None:
 
 
 def run_rolling_update(args: argparse.Namespace) -> int:
-    store = (args.model_store or configured_model_store(args.config)).resolve()
+    store = own_server_store(args)
     report = rolling_update.rehearse(args.config, store, args.pods, args.rate, args.drain_delay,
                                      load_models=args.load_models, graceful=not args.stock_stop,
                                      on_step=lambda line: print(line, file=sys.stderr, flush=True))

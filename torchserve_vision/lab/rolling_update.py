@@ -117,14 +117,14 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
 
 def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: float = 20.0,
              drain_delay_s: float = 2.0, settle_s: float = 3.0, load_models: str | None = None,
-             graceful: bool = True, roll_count: int | None = None, work_dir: Path | None = None,
+             graceful: bool = True, roll_count: int | None = None,
              on_step: Callable[[str], None] = lambda line: None) -> RehearsalReport:
     """Start `pod_count` pods and HAProxy, offer `rate_rps` through it, roll every pod once
     (the first `roll_count` pods, when given).
     `graceful=False` stops each pod the way TorchServe's stock image ends up doing it
     (`torchserve --stop` at once: in-flight requests are dropped), for comparison."""
     with tempfile.TemporaryDirectory(prefix="rolling-") as tmp:
-        root = work_dir or Path(tmp)
+        root = Path(tmp)
         overrides = {"load_models": load_models} if load_models else {}
         pods = [Pod(f"pod{index}", server_config(root / f"pod{index}", model_store, config, **overrides),
                     root / f"pod{index}" / "run", model_store, drain_delay_s=drain_delay_s)

@@ -22,6 +22,10 @@ class BatchRecord:
     stage_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     oom_splits: int = 0
     runner: str = "eager"   # "aot": the compiled package ran the batch
+    # What a handler adds (see BatchedImageHandler.record_answers): counters are summed over
+    # batches (e.g. EscalatedRequests), gauges hold this batch's value (e.g. EscalationRate).
+    counters: dict[str, int] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
 
     @contextmanager
     def timing(self, stage: str) -> Iterator[None]:

@@ -30,11 +30,17 @@ def top_k_classes(logits: torch.Tensor, labels: Sequence[str], k: int) -> list[l
     Probabilities are the softmax over all C classes (computed in float32). k is capped at C.
     Raises ValueError when the model's C differs from the number of labels.
     """
-    if logits.ndim != 2:
-        raise ValueError(f"expected logits of shape [B, C], got {tuple(logits.shape)}")
-    if logits.shape[1] != len(labels):
-        raise ValueError(f"the model returns {logits.shape[1]} classes but there are {len(labels)} labels")
-    probabilities = torch.softmax(logits.float(), dim=1)
+    return top_k_of_probabilities(torch.softmax(logits.float(), dim=1), labels, k)
+
+
+def top_k_of_probabilities(probabilities: torch.Tensor, labels: Sequence[str],
+                           k: int) -> list[list[ClassScore]]:
+    """`float[B, C]` probabilities -> for each image, the k most probable classes, best first."""
+    if probabilities.ndim != 2:
+        raise ValueError(f"expected probabilities of shape [B, C], got {tuple(probabilities.shape)}")
+    if probabilities.shape[1] != len(labels):
+        raise ValueError(f"the model returns {probabilities.shape[1]} classes "
+                         f"but there are {len(labels)} labels")
     top = torch.topk(probabilities, k=min(k, len(labels)), dim=1)
     values, indices = top.values.cpu().tolist(), top.indices.cpu().tolist()
     return [

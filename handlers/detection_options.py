@@ -39,25 +39,26 @@ def _fraction(name: str, value: object, allow_zero: bool) -> float:
     return number
 
 
-def _class_index(item: object, labels: Sequence[str]) -> int:
+def _class_index(name: str, item: object, labels: Sequence[str]) -> int:
     text = str(item).strip()
     if (isinstance(item, int) and not isinstance(item, bool)) or text.isdigit():
         index = int(text)
         if 0 <= index < len(labels):
             return index
-        raise invalid_option("classes", item, f"a class index from 0 to {len(labels) - 1}")
+        raise invalid_option(name, item, f"a class index from 0 to {len(labels) - 1}")
     matches = [i for i, label in enumerate(labels) if label == text]
     matches = matches or [i for i, label in enumerate(labels) if label.lower() == text.lower()]
     if not matches:
-        raise invalid_option("classes", item, "names from the model's labels or class indices")
+        raise invalid_option(name, item, "names from the model's labels or class indices")
     return matches[0]
 
 
-def _classes(value: object, labels: Sequence[str]) -> frozenset[int]:
+def parse_class_set(name: str, value: object, labels: Sequence[str]) -> frozenset[int]:
+    """A list (or comma-separated text) of class names or indices -> class indices."""
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
-        raise invalid_option("classes", value, "a non-empty list of class names or indices")
-    return frozenset(_class_index(item, labels) for item in items)
+        raise invalid_option(name, value, "a non-empty list of class names or indices")
+    return frozenset(_class_index(name, item, labels) for item in items)
 
 
 def parse_detection_options(row: Mapping[str, Any], header: Callable[[str], str | None],
@@ -72,5 +73,6 @@ def parse_detection_options(row: Mapping[str, Any], header: Callable[[str], str 
         if "iou_threshold" in values else defaults.iou_threshold,
         max_detections=parse_count("max_detections", values["max_detections"], max_detections_cap)
         if "max_detections" in values else defaults.max_detections,
-        classes=_classes(values["classes"], labels) if "classes" in values else defaults.classes,
+        classes=parse_class_set("classes", values["classes"], labels)
+        if "classes" in values else defaults.classes,
     )

@@ -15,30 +15,30 @@ import torch
 
 from handlers.classification import ClassificationRequest, ClassScore, top_k_classes
 from handlers.classification_options import OPTION_FIELDS, parse_top_k
-from handlers.compiled_model import MachineTarget, Runner, compiled_or_eager
+from handlers.classifier_model import ClassifierModel
+from handlers.compiled_model import Runner
 from handlers.decode import decode_image_bytes
 from handlers.inference_protocol import TensorOutput, classification_outputs
-from handlers.model_loading import autocast
 from handlers.request_body import extract_image_bytes
-from handlers.serving import BatchedImageHandler, HeaderReader
+from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.settings import ClassifierSettings, parse_classifier_settings
-from handlers.transforms import preprocess_classification_batch
 
 
 class ImageClassifierHandler(
         BatchedImageHandler[ClassificationRequest, torch.Tensor, torch.Tensor, ClassifierSettings]):
-    model: Runner  # the compiled package when it may run here, else `eager_forward`
+    classifier: ClassifierModel
+    model: Runner  # the compiled package when it may run here, else the eager network
 
     def parse_settings(self, handler_section: Mapping[str, Any]) -> ClassifierSettings:
         return parse_classifier_settings(handler_section)
 
-    def prepare_model(self) -> None:
-        if self.settings.channels_last:
-            self.network = self.network.to(memory_format=torch.channels_last)
-        timeout_s = self.settings.compile.load_timeout_s if self.settings.compile else 0.0
-        self.model, self.runner, self.compiled_refusal = compiled_or_eager(
-            self.settings.compiled_packages, self.model_dir,
-            MachineTarget.here(self.device, self.precision), self.eager_forward, timeout_s)
+    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
+        self.settings = self.parse_settings(handler_settings)
+        self.classifier = ClassifierModel(self.settings, self.model_dir,
+                                          required_serialized_file(serialized_file), self.device)
+        self.labels, self.precision = self.classifier.labels, self.classifier.precision
+        self.network, self.model = self.classifier.network, self.classifier.run
+        self.runner, self.compiled_refusal = self.classifier.runner, self.classifier.compiled_refusal
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> ClassificationRequest:
         settings = self.settings
@@ -48,21 +48,7 @@ class ImageClassifierHandler(
         return ClassificationRequest(image, top_k)
 
     def preprocess(self, items: Sequence[ClassificationRequest]) -> torch.Tensor:
-        batch = preprocess_classification_batch(
-            [item.image for item in items],
-            self.settings.resize_size,
-            self.settings.input_size,
-            self.settings.mean,
-            self.settings.std,
-            self.device,
-        )
-        if self.settings.channels_last:
-            batch = batch.contiguous(memory_format=torch.channels_last)
-        return batch
-
-    def eager_forward(self, batch: torch.Tensor) -> torch.Tensor:
-        with autocast(self.device, self.precision):
-            return self.network(batch)
+        return self.classifier.model_input([item.image for item in items])
 
     def infer(self, model_input: torch.Tensor) -> torch.Tensor:
         return self.model(model_input)
@@ -76,11 +62,4 @@ class ImageClassifierHandler(
         return classification_outputs(answer)
 
     def warm_up(self, batch_size: int) -> None:
-        size = self.settings.input_size
-        # The compiled package has one dynamic batch dimension: the two ends warm it too.
-        sizes = sorted({1, batch_size})
-        memory_format = torch.channels_last if self.settings.channels_last else torch.contiguous_format
-        with torch.inference_mode():
-            for count in sizes:
-                batch = torch.zeros(count, 3, size, size, device=self.device)
-                self.infer(batch.contiguous(memory_format=memory_format))
+        self.classifier.warm_up(batch_size)

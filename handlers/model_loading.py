@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from handlers.settings import ModelSource
+from handlers.settings import HandlerSettings, ModelSource
 
 logger = logging.getLogger(__name__)
 
@@ -120,3 +120,12 @@ def load_labels(path: Path) -> list[str]:
             raise ValueError(f"{path} must hold a JSON list of class names")
         return labels
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def load_for_serving(settings: HandlerSettings, model_dir: Path, serialized_file: str,
+                     device: torch.device) -> tuple[list[str], str, nn.Module]:
+    """(class names, the precision that runs on `device`, the network on `device` in eval mode)
+    of one model directory: what every served model loads first."""
+    labels = load_labels(model_dir / settings.labels_file)
+    precision = resolve_precision(settings.precision, device)
+    return labels, precision, load_model(settings.model, model_dir / serialized_file, device)

@@ -14,31 +14,29 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
 from handlers.decode import decode_image_bytes
 from handlers.detection import Detection, DetectionRequest, DetectorInput, format_detections
 from handlers.detection_options import OPTION_FIELDS, parse_detection_options
-from handlers.detector_formats import DetectorFormat, detector_format
+from handlers.detector_model import DetectorModel
 from handlers.inference_protocol import TensorOutput, detection_outputs
-from handlers.model_loading import autocast
 from handlers.request_body import extract_image_bytes
-from handlers.serving import BatchedImageHandler, HeaderReader
+from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.settings import DetectorSettings, parse_detector_settings
-
-WARM_UP_SIZE_HW = (480, 640)
 
 
 class ObjectDetectorHandler(
         BatchedImageHandler[DetectionRequest, DetectorInput, Any, DetectorSettings]):
-    format: DetectorFormat  # torchvision or YOLO-style, chosen once from the settings
+    detector: DetectorModel
 
     def parse_settings(self, handler_section: Mapping[str, Any]) -> DetectorSettings:
         return parse_detector_settings(handler_section)
 
-    def prepare_model(self) -> None:
-        self.format = detector_format(self.settings.output_format, self.settings.input_size,
-                                      self.settings.letterbox_fill)
+    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
+        self.settings = self.parse_settings(handler_settings)
+        self.detector = DetectorModel(self.settings, self.model_dir,
+                                      required_serialized_file(serialized_file), self.device)
+        self.labels, self.precision = self.detector.labels, self.detector.precision
+        self.network = self.detector.network
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> DetectionRequest:
         options = parse_detection_options(row, header, self.settings.defaults, self.labels,
@@ -48,24 +46,19 @@ class ObjectDetectorHandler(
         return DetectionRequest(image, options)
 
     def preprocess(self, items: Sequence[DetectionRequest]) -> DetectorInput:
-        return self.format.model_input([item.image for item in items], self.device)
+        return self.detector.model_input([item.image for item in items])
 
     def infer(self, model_input: DetectorInput) -> Any:
-        with autocast(self.device, self.precision):
-            return self.format.model_output(self.network(model_input.images))
+        return self.detector.forward(model_input)
 
     def postprocess(self, model_output: Any, model_input: DetectorInput,
                     items: Sequence[DetectionRequest]) -> list[list[Detection]]:
-        found = self.format.detections(model_output, model_input, [item.image for item in items],
-                                       [item.options for item in items])
+        found = self.detector.detections(model_output, model_input, [item.image for item in items],
+                                         [item.options for item in items])
         return [format_detections(detections, self.labels) for detections in found]
 
     def v2_outputs(self, answer: list[Detection]) -> list[TensorOutput]:
         return detection_outputs(answer)
 
     def warm_up(self, batch_size: int) -> None:
-        image = torch.zeros(3, *WARM_UP_SIZE_HW, dtype=torch.uint8, device=self.device)
-        defaults = self.settings.defaults
-        with torch.inference_mode():
-            for count in sorted({1, batch_size}):
-                self.infer(self.preprocess([DetectionRequest(image, defaults)] * count))
+        self.detector.warm_up(batch_size)

@@ -1,7 +1,7 @@
 """The one TorchServe-facing class: the batch contract, per-request statuses, timing, warm-up.
 
 Subclasses implement small hooks, each with one job:
-`parse_settings(handler_section)` and `prepare_model()` (the shared loading is `load`) ->
+`parse_settings(handler_section)` and `load(handler_section, serialized_file)` once ->
 `decode_request(row, header)` per request -> `preprocess(items)` -> `infer(model_input)` ->
 `postprocess(model_output, model_input, items)`.
 `handle` guarantees one answer per request: a ClientError gets that request a 4xx JSON body,
@@ -25,7 +25,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import psutil
 import torch
-from torch import nn
 
 from handlers.batch_record import STAGES, BatchRecord
 from handlers.batching import decode_each, merge_outcomes
@@ -39,15 +38,15 @@ from handlers.inference_protocol import (
     v2_response,
     v2_to_row,
 )
-from handlers.model_loading import load_labels, load_model, resolve_device, resolve_precision
-from handlers.settings import HandlerSettings, parse_log_batches, parse_torch_threads
+from handlers.model_loading import resolve_device
+from handlers.settings import parse_log_batches, parse_torch_threads
 
 logger = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
 ModelInput = TypeVar("ModelInput")
 ModelOutput = TypeVar("ModelOutput")
-Settings = TypeVar("Settings", bound=HandlerSettings)
+Settings = TypeVar("Settings")  # a model's HandlerSettings, or a pipeline's settings
 HeaderReader = Callable[[str], "str | None"]
 JSON_CONTENT_TYPE = "application/json"
 BATCH_SIZE_HEADER = "X-Batch-Size"
@@ -72,6 +71,10 @@ def emit_batch_metrics(metrics: Any, record: BatchRecord) -> None:
         metrics.add_counter("HandlerRejectedRequests", count, dimensions=[MetricDimension("Reason", reason)])
     if record.oom_splits:
         metrics.add_counter("HandlerOutOfMemorySplits", record.oom_splits)
+    for name, count in record.counters.items():
+        metrics.add_counter(f"Handler{name}", count)
+    for name, value in record.gauges.items():
+        metrics.add_metric(f"Handler{name}", value, "count", metric_type=MetricTypes.GAUGE)
 
 
 def emit_compiled_model_refusal(metrics: Any, refusal: CompiledModelRefused) -> None:
@@ -87,6 +90,13 @@ class MetricDimension:
 
     name: str
     value: str
+
+
+def required_serialized_file(serialized_file: str | None) -> str:
+    """The manifest's serialized file name; ValueError for an archive built without one."""
+    if serialized_file is None:
+        raise ValueError("the archive has no serialized model file (--serialized-file)")
+    return serialized_file
 
 
 def worker_process_age_ms() -> float:
@@ -118,7 +128,6 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
 
     settings: Settings
     labels: list[str]
-    network: nn.Module  # the archive's network, loaded eagerly onto `self.device`
     precision: str      # what runs here: settings.precision where this device supports it, else fp32
 
     def __init__(self) -> None:
@@ -185,6 +194,8 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
                 answers = self.answer_items(decoded.items, record)
         outcomes = merge_outcomes(len(data), decoded.indices, answers, decoded.errors)
         record.answered = len(answers)
+        if answers:
+            self.record_answers(record, answers)
         record.rejected.update(error.error_type for error in decoded.errors.values())
         if self.log_batches:
             logger.info(record.to_log_line())
@@ -219,24 +230,16 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
                        len(items) - half)
         return self.answer_items(items[:half], record) + self.answer_items(items[half:], record)
 
-    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
-        """Parse the settings, read the class names, choose the precision, load the network onto
-        `self.device`, then `prepare_model`."""
-        self.settings = self.parse_settings(handler_settings)
-        if serialized_file is None:
-            raise ValueError("the archive has no serialized model file (--serialized-file)")
-        self.labels = load_labels(self.model_dir / self.settings.labels_file)
-        self.precision = resolve_precision(self.settings.precision, self.device)
-        self.network = load_model(self.settings.model, self.model_dir / serialized_file, self.device)
-        self.prepare_model()
-
     # --- hooks ----------------------------------------------------------------------------
     @abstractmethod
     def parse_settings(self, handler_section: Mapping[str, Any]) -> Settings:
         """The archive's `handler:` section -> this handler's settings (SettingsError if bad)."""
 
-    def prepare_model(self) -> None:
-        """After `self.network` is loaded: memory format, a compiled package, ... (default: none)."""
+    @abstractmethod
+    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
+        """Parse the settings into `self.settings`; load the model(s) onto `self.device` (with
+        `handlers.classifier_model` / `handlers.detector_model`); set `labels`, `precision`, and
+        `runner` / `compiled_refusal` when a compiled package is involved."""
 
     @abstractmethod
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> Item:
@@ -264,6 +267,14 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
     def v2_outputs(self, answer: Any) -> list[TensorOutput]:
         """One request's answer (as `postprocess` gave it) as Open Inference Protocol tensors."""
 
+    def record_answers(self, record: BatchRecord, answers: Sequence[Any]) -> None:
+        """Add this handler's own counters / gauges for the batch's answers to `record`
+        (exported as Handler<Name> metrics and in the batch log line; default: none)."""
+
+    def answer_headers(self, answer: Any) -> Mapping[str, str]:
+        """Response headers of one successful answer (default: none)."""
+        return {}
+
     # --- helpers --------------------------------------------------------------------------
     def write_response(self, context: TorchServeContext, index: int, outcome: Any, batch_size: int,
                        v2_request: V2Request | None = None) -> bytes:
@@ -273,6 +284,8 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
             context.set_response_status(outcome.status, outcome.phrase, index)
             body = v2_error(outcome) if v2_request is not None else None
             return json.dumps(body).encode("utf-8") if body is not None else outcome.to_json_bytes()
+        for name, value in self.answer_headers(outcome).items():
+            context.set_response_header(index, name, value)
         if v2_request is not None:
             outcome = v2_response(self.model_name, self.model_version, v2_request,
                                   self.v2_outputs(outcome))

@@ -14,7 +14,15 @@ from typing import Any
 
 import yaml
 
-TASKS = ("classification", "detection")
+MODEL_TASKS = ("classification", "detection")
+# Pipelines hold the models of other archives ("stages", named `<name>-<version>` of an archive in
+# the model store), not a network of their own.
+PIPELINE_STAGES = {"cascade": ("first", "second"), "detect_then_classify": ("detector", "classifier")}
+TASKS = (*MODEL_TASKS, *PIPELINE_STAGES)
+# The handler entry module (in handlers/) of each task's archives.
+ENTRY_MODULES = {"classification": "image_classifier.py", "detection": "object_detector.py",
+                 "cascade": "classification_cascade.py",
+                 "detect_then_classify": "detect_then_classify.py"}
 
 
 class DescriptionError(ValueError):
@@ -46,23 +54,50 @@ class ModelDescription:
     name: str
     version: str
     task: str
-    source: str
+    source: str                 # "pipeline" for a pipeline task
     architecture: str | None
     weights: str
-    labels: str
+    labels: str                 # "" for a pipeline (its stages have their own)
     num_classes: int | None = None
     builder_kwargs: Mapping[str, Any] = field(default_factory=dict)
     handler_options: Mapping[str, Any] = field(default_factory=dict)
     serving: ServingSettings = field(default_factory=ServingSettings)
+    stages: Mapping[str, str] = field(default_factory=dict)  # pipeline: role -> stage archive
+    # Loaded when the server starts (load_models=); false: built, and registered on demand.
+    start: bool = True
 
     @property
     def archive_name(self) -> str:
         return f"{self.name}-{self.version}.mar"
 
+    @property
+    def is_pipeline(self) -> bool:
+        return self.task in PIPELINE_STAGES
+
+
+def parse_pipeline_description(raw: Mapping[str, Any]) -> ModelDescription:
+    """A pipeline entry: `stages` (role -> `<name>-<version>` of a stage archive) instead of `model`."""
+    task = str(raw["task"])
+    stages = raw.get("stages")
+    roles = PIPELINE_STAGES[task]
+    if not isinstance(stages, Mapping) or set(stages) != set(roles):
+        raise DescriptionError(f"{raw.get('name', '?')}: a {task} needs 'stages' with exactly "
+                               f"{', '.join(roles)} (each a <name>-<version> archive); got {stages!r}")
+    return ModelDescription(
+        name=str(raw["name"]), version=str(raw.get("version", "1.0")), task=task,
+        source="pipeline", architecture=None, weights="", labels="",
+        handler_options=dict(raw.get("handler", {})),
+        serving=ServingSettings(**raw.get("serving", {})),
+        stages={role: str(stages[role]).removesuffix(".mar") for role in roles},
+        start=bool(raw.get("start", True)),
+    )
+
 
 def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
     """One entry of models.yaml -> ModelDescription; DescriptionError naming what is missing or wrong."""
     try:
+        if raw.get("task") in PIPELINE_STAGES:
+            return parse_pipeline_description(raw)
         model = raw["model"]
         description = ModelDescription(
             name=str(raw["name"]),
@@ -76,6 +111,7 @@ def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
             builder_kwargs=dict(model.get("kwargs") or {}),
             handler_options=dict(raw.get("handler", {})),
             serving=ServingSettings(**raw.get("serving", {})),
+            start=bool(raw.get("start", True)),
         )
     except KeyError as error:
         raise DescriptionError(f"model description {raw.get('name', '?')!r} lacks {error}") from None

@@ -81,10 +81,16 @@ def server_config(directory: Path, model_store: Path, base_config: Path, **overr
     return path
 
 
+def started(descriptions: Sequence[ModelDescription]) -> list[ModelDescription]:
+    """The models a server loads at start (`start: true`, the default); the others are built
+    into the model store and registered on demand."""
+    return [description for description in descriptions if description.start]
+
+
 def models_entry(descriptions: Sequence[ModelDescription]) -> dict[str, Any]:
     """The `models=` JSON TorchServe reads at start: batch and worker settings per model version."""
     entry: dict[str, Any] = {}
-    for description in descriptions:
+    for description in started(descriptions):
         serving = description.serving
         entry.setdefault(description.name, {})[description.version] = {
             "defaultVersion": True,
@@ -100,7 +106,7 @@ def models_entry(descriptions: Sequence[ModelDescription]) -> dict[str, Any]:
 
 def render_models_block(descriptions: Sequence[ModelDescription]) -> str:
     lines = json.dumps(models_entry(descriptions), indent=2).splitlines()
-    names = ",".join(description.archive_name for description in descriptions)
+    names = ",".join(description.archive_name for description in started(descriptions))
     return f"load_models={names}\nmodels=" + "\\\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ import torchvision
 import yaml
 from torch import nn
 
+import handlers
 from handlers.decode import decode_image_bytes
 from handlers.settings import ImageLimits
 from handlers.transforms import preprocess_classification_batch
@@ -23,7 +24,12 @@ from torchserve_vision import paths
 from torchserve_vision.archives.build import BuildError, build_archive
 from torchserve_vision.archives.fixed_seed_weights import calibrated_classifier
 from torchserve_vision.cli import main as command
-from torchserve_vision.model_descriptions import load_descriptions, parse_description
+from torchserve_vision.model_descriptions import (
+    ENTRY_MODULES,
+    DescriptionError,
+    load_descriptions,
+    parse_description,
+)
 from torchserve_vision.torchserve_config import config_in_sync, parse_properties, render_models_block
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png"]
@@ -226,7 +232,9 @@ def test_config_properties_agrees_with_the_model_descriptions():
     descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
     assert all(config_in_sync(path, descriptions) for path in paths.SERVER_CONFIGS)
     rendered = parse_properties(render_models_block(descriptions))
-    assert rendered["load_models"].split(",") == [d.archive_name for d in descriptions]
+    assert rendered["load_models"].split(",") == [d.archive_name for d in descriptions if d.start]
+    assert {"efficientnet_lite0", "ssdlite320"} <= {d.name for d in descriptions if d.start}
+    assert "efficientnet_cascade" not in json.loads(rendered["models"])  # built, registered on demand
     entry = json.loads(rendered["models"])["efficientnet_lite0"]["1.0"]
     assert entry["batchSize"] == descriptions[0].serving.batch_size
     assert entry["maxBatchDelay"] == descriptions[0].serving.max_batch_delay_ms
@@ -244,7 +252,7 @@ def test_a_version_built_from_flags_keeps_the_described_settings_unless_fresh(tm
              "--architecture", "efficientnet_lite2", "--weights", weights, "--top-k", "3"]
     described = next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == "efficientnet_lite0")
     [kept] = chosen_descriptions(command_parser().parse_args(flags))
-    assert "settings from" in capsys.readouterr().out
+    assert "settings of efficientnet_lite0 in" in capsys.readouterr().out
     assert (kept.architecture, kept.weights, kept.version) == ("efficientnet_lite2", weights, "2.0")
     for option in ("preprocess", "precision", "channels_last", "torch_threads", "compile", "limits"):
         assert kept.handler_options[option] == described.handler_options[option], option
@@ -256,3 +264,34 @@ def test_a_version_built_from_flags_keeps_the_described_settings_unless_fresh(tm
         [*flags, "--input-size", "260", "--resize-size", "297"]))
     assert resized.handler_options["preprocess"] == {**described.handler_options["preprocess"],
                                                      "input_size": 260, "resize_size": 297}
+
+
+@pytest.mark.parametrize("entry_module", sorted(set(ENTRY_MODULES.values())))
+def test_every_entry_module_defines_exactly_one_class(entry_module):
+    """TorchServe loads the one class an entry module defines; a second one (a dataclass, too)
+    fails every worker at load ("Expected only one class in custom service code")."""
+    import ast
+
+    tree = ast.parse((Path(handlers.__file__).parent / entry_module).read_text())
+    assert len([node for node in tree.body if isinstance(node, ast.ClassDef)]) == 1
+
+
+def test_a_cascade_version_from_flags_takes_the_described_cascades_settings(capsys):
+    """`build --name efficientnet_lite0 --version 3.0 --task cascade --stages ...`: a cascade as a
+    new version of the classifier's endpoint, with the escalation rule, threads and serving
+    settings of the cascade config/models.yaml describes."""
+    from torchserve_vision.cli import command_parser
+    from torchserve_vision.cli.build import chosen_descriptions
+
+    flags = ["build", "--name", "efficientnet_lite0", "--version", "3.0", "--task", "cascade",
+             "--stages", "first=efficientnet_lite0-1.0", "second=efficientnet_lite0-2.0.mar"]
+    [cascade] = chosen_descriptions(command_parser().parse_args(flags))
+    described = next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.task == "cascade")
+    assert f"settings of {described.name}" in capsys.readouterr().out
+    assert (cascade.name, cascade.version, cascade.archive_name) == (
+        "efficientnet_lite0", "3.0", "efficientnet_lite0-3.0.mar")
+    assert cascade.stages == {"first": "efficientnet_lite0-1.0", "second": "efficientnet_lite0-2.0"}
+    assert cascade.handler_options == described.handler_options
+    assert cascade.serving == described.serving
+    with pytest.raises(DescriptionError, match="exactly first, second"):
+        chosen_descriptions(command_parser().parse_args([*flags[:-2], "first=a-1.0"]))

@@ -33,8 +33,10 @@ from handlers.settings import (
 )
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
+from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
 from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
 from torchserve_vision.model_descriptions import (
+    ENTRY_MODULES,
     DescriptionError,
     ModelDescription,
     ServingSettings,
@@ -42,7 +44,6 @@ from torchserve_vision.model_descriptions import (
 )
 
 HANDLER_PACKAGE = Path(handlers.__file__).resolve().parent
-ENTRY_MODULES = {"classification": "image_classifier.py", "detection": "object_detector.py"}
 SETTINGS_PARSERS: dict[str, Callable[[Mapping[str, Any]], object]] = {
     "classification": parse_classifier_settings,
     "detection": parse_detector_settings,
@@ -243,16 +244,17 @@ def frontend_settings(serving: ServingSettings) -> dict[str, Any]:
     return {"startupTimeout": serving.startup_timeout_s, "responseTimeout": serving.response_timeout_s}
 
 
-def run_archiver(description: ModelDescription, staging: Path, weights: Path, store: Path,
+def run_archiver(description: ModelDescription, staging: Path, weights: Path | None, store: Path,
                  handler: Path | None = None) -> Path:
     """Run the real torch-model-archiver; return the archive's path in the model store.
-    `handler`: an entry module of one's own instead of the task's (it must be inside
-    `staging/extra`, so that it lands in the archive)."""
+    `weights`: None for a pipeline (its stages' weights are extra files). `handler`: an entry
+    module of one's own instead of the task's (it must be inside `staging/extra`, so that it
+    lands in the archive)."""
     archiver = Path(sys.executable).with_name("torch-model-archiver")
     handler = handler or staging / "extra" / "handlers" / ENTRY_MODULES[description.task]
     command = [
         str(archiver), "--model-name", description.name, "--version", description.version,
-        "--serialized-file", str(weights),
+        *(["--serialized-file", str(weights)] if weights is not None else []),
         "--handler", str(handler),
         "--extra-files", str(staging / "extra"),
         "--config-file", str(staging / "model-config.yaml"),
@@ -268,9 +270,26 @@ def run_archiver(description: ModelDescription, staging: Path, weights: Path, st
     return target
 
 
+def stage_pipeline_files(description: ModelDescription, store: Path, staging: Path) -> None:
+    """A pipeline's stages (archives in `store`), YAML and the handlers package into `staging`."""
+    extra = staging / "extra"
+    try:
+        section = pipeline_handler_section(description, store, extra)
+    except PipelineError as error:
+        raise BuildError(str(error)) from None
+    shutil.copytree(HANDLER_PACKAGE, extra / "handlers",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    model_yaml = {**frontend_settings(description.serving), "handler": section}
+    (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
+
+
 def build_archive(description: ModelDescription, store: Path) -> Path:
-    """Build one archive into `store` (replacing an older build of the same name and version)."""
+    """Build one archive into `store` (replacing an older build of the same name and version).
+    A pipeline's stage archives must be in `store` already."""
     with tempfile.TemporaryDirectory(prefix=f"build-{description.name}-") as tmp:
         staging = Path(tmp)
+        if description.is_pipeline:
+            stage_pipeline_files(description, store, staging)
+            return run_archiver(description, staging, None, store)
         weights = stage_files(description, staging)
         return run_archiver(description, staging, weights, store)

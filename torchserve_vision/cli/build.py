@@ -12,6 +12,7 @@ from torchserve_vision import paths
 from torchserve_vision.archives.build import ENTRY_MODULES, SERIALIZED_NAMES, build_archive
 from torchserve_vision.cli.common import model_store_flag, subcommand
 from torchserve_vision.model_descriptions import (
+    PIPELINE_STAGES,
     DescriptionError,
     ModelDescription,
     load_descriptions,
@@ -28,6 +29,8 @@ Build TorchServe model archives (.mar) into the model store.
   torchserve-vision build --only efficientnet_lite0 --version 2.0   # a new version to roll out
   torchserve-vision build --name resnet50 --source torchvision --architecture resnet50 \\
       --weights ~/resnet50.pth --labels imagenet  # one model from flags
+  torchserve-vision build --name efficientnet_lite0 --version 3.0 --task cascade \
+      --stages first=efficientnet_lite0-1.0 second=efficientnet_lite0-2.0  # a pipeline version
   torchserve-vision build --check-config         # config.properties' models= matches models.yaml?
 
 Each archive `<name>-<version>.mar` holds the `handlers/` package, the class names and the
@@ -72,13 +75,27 @@ def register(commands: argparse._SubParsersAction) -> None:
     single.add_argument("--kwargs", type=json.loads, default={},
                         help='JSON keyword arguments for the architecture builder, e.g. '
                              '\'{"box_score_thresh": 0.01}\'')
+    single.add_argument("--stages", nargs="+", metavar="ROLE=ARCHIVE",
+                        help="a pipeline (--task cascade: first=, second=; --task "
+                             "detect_then_classify: detector=, classifier=): <name>-<version> "
+                             "archives in the model store, e.g. first=efficientnet_lite0-1.0")
     single.add_argument("--fresh", action="store_true",
                         help="do not take the handler and serving settings of the --models entry "
                              "of the same --name (by default a new version keeps them)")
     parser.set_defaults(run=run)
 
 
+def pipeline_from_flags(args: argparse.Namespace) -> ModelDescription:
+    stages = dict(stage.split("=", 1) for stage in args.stages or [] if "=" in stage)
+    if len(stages) != len(args.stages or []):
+        raise DescriptionError("--stages takes ROLE=ARCHIVE pairs, e.g. first=efficientnet_lite0-1.0")
+    return parse_description({"name": args.name, "version": args.version or "1.0",
+                              "task": args.task, "stages": stages})
+
+
 def description_from_flags(args: argparse.Namespace) -> ModelDescription:
+    if args.task in PIPELINE_STAGES:
+        return pipeline_from_flags(args)
     options: dict[str, Any] = {}
     if args.top_k:
         options["top_k"] = args.top_k
@@ -100,17 +117,27 @@ def description_from_flags(args: argparse.Namespace) -> ModelDescription:
     })
 
 
+def settings_base(built: ModelDescription, models: Path) -> ModelDescription | None:
+    """Whose settings a model built from flags takes: the described model of the same name and
+    task, else (a pipeline) the first described model of its task, else none."""
+    described = load_descriptions(models) if models.is_file() else []
+    same_name = [d for d in described if d.name == built.name and d.task == built.task]
+    same_task = [d for d in described if d.task == built.task] if built.is_pipeline else []
+    candidates = same_name or same_task
+    return candidates[0] if candidates else None
+
+
 def chosen_descriptions(args: argparse.Namespace) -> list[ModelDescription]:
     if args.name:
-        if not args.weights:
+        if not args.weights and args.task not in PIPELINE_STAGES:
             raise DescriptionError("--weights is required with --name")
         built = description_from_flags(args)
-        described = {d.name: d for d in load_descriptions(args.models)} if args.models.is_file() else {}
-        if args.fresh or built.name not in described:
+        base = None if args.fresh else settings_base(built, args.models)
+        if base is None:
             return [built]
-        print(f"{built.name}: handler and serving settings from {args.models} "
+        print(f"{built.name}: handler and serving settings of {base.name} in {args.models} "
               "(--fresh to start from defaults)", flush=True)
-        return [with_settings_of(built, described[built.name])]
+        return [with_settings_of(built, base)]
     descriptions = load_descriptions(args.models)
     chosen = [d for d in descriptions if args.only is None or d.name in args.only]
     if args.only and len(chosen) != len(set(args.only)):

@@ -22,6 +22,7 @@ from torchserve_vision.cli.common import (
 )
 from torchserve_vision.lab import (
     capacity_plan,
+    cascade_tradeoff,
     compare,
     compile_speed,
     loadgen,
@@ -33,6 +34,7 @@ from torchserve_vision.lab import (
     tune,
 )
 from torchserve_vision.lab.benchmark_images import SIZES, benchmark_jpeg
+from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.photos import photo_path
 from torchserve_vision.server_process import configured_model_store
 
@@ -49,7 +51,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_compile_speed,
                 add_startup, add_rollout_drill, add_plan,
-                add_rolling_update):
+                add_rolling_update, add_cascade):
         add(actions)
 
 
@@ -383,3 +385,37 @@ def run_rolling_update(args: argparse.Namespace) -> int:
                                      on_step=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(rolling_update.report_document(report), indent=2) if args.json else report.table())
     return 0 if report.failed == 0 and all(step.exit_code == 0 for step in report.steps) else 1
+
+
+# --- cascade ------------------------------------------------------------------------------------
+def add_cascade(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "cascade",
+                        "a cascade's top-1 agreement vs served throughput over thresholds",
+                        cascade_tradeoff.__doc__ or "",
+                        [connection_flags(), model_store_flag(), json_flag()])
+    parser.add_argument("--cascade", default="efficientnet_cascade",
+                        help=f"a cascade of {paths.MODEL_DESCRIPTIONS} (its archives built)")
+    parser.add_argument("--models", type=Path, default=paths.MODEL_DESCRIPTIONS)
+    parser.add_argument("--inputs", type=int, default=320, help="distinct inputs (at least 300)")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per point")
+    parser.add_argument("--out", type=Path, default=Path("docs/cascade-cpu"),
+                        help="writes OUT.json and OUT.png")
+    parser.set_defaults(run=run_cascade)
+
+
+def run_cascade(args: argparse.Namespace) -> int:
+    described = {d.name: d for d in load_descriptions(args.models)}
+    cascade = described.get(args.cascade)
+    if cascade is None or cascade.task != "cascade":
+        raise SystemExit(f"error: {args.cascade} is not a cascade in {args.models}")
+    inputs = cascade_tradeoff.cascade_inputs(args.inputs)
+    points = cascade_tradeoff.tradeoff(client_from(args), args.model_store.resolve(), cascade,
+                                       inputs, args.clients, args.duration)
+    title = (f"{cascade.stages['first']} -> {cascade.stages['second']}, {len(inputs)} inputs, "
+             f"{args.clients} clients")
+    cascade_tradeoff.save(points, args.out, title)
+    second_alone = points[-1].throughput_rps
+    print(json.dumps([asdict(p) for p in points], indent=2) if args.json
+          else cascade_tradeoff.markdown(points, second_alone))
+    return 0

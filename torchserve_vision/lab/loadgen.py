@@ -102,6 +102,7 @@ class Connection:
         self.timeout_s = timeout_s
         self.headers = headers
         self.connection: http.client.HTTPConnection | None = None
+        self.last_body = b""   # the body of the last answer (b"" after a connection error)
 
     def post(self, body: bytes) -> int:
         try:
@@ -112,12 +113,13 @@ class Connection:
                 self.connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.connection.request("POST", self.path, body=body, headers=self.headers)
             answer = self.connection.getresponse()
-            answer.read()
+            self.last_body = answer.read()
             if answer.getheader("connection", "").lower() == "close":
                 self.close()
             return answer.status
         except (OSError, http.client.HTTPException):
             self.close()
+            self.last_body = b""
             return 0
 
     def close(self) -> None:
@@ -132,6 +134,8 @@ class LoadTarget:
     bodies: Sequence[bytes]
     headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/octet-stream"})
     timeout_s: float = 60.0
+    # When set (closed loop), the last successful answer's body per index of `bodies`.
+    answers: dict[int, bytes] | None = None
 
     def connection(self) -> Connection:
         return Connection(self.url, self.timeout_s, self.headers)
@@ -156,10 +160,13 @@ def run_closed_loop(target: LoadTarget, clients: int, duration_s: float, max_req
                 if len(results) >= max_requests:
                     break
             sent = time.perf_counter()
-            status = connection.post(target.bodies[(index + count * clients) % len(target.bodies)])
+            body_index = (index + count * clients) % len(target.bodies)
+            status = connection.post(target.bodies[body_index])
             count += 1
             with lock:
                 results.append(Result(sent - started, (time.perf_counter() - sent) * 1000, status))
+                if target.answers is not None and status == 200:
+                    target.answers[body_index] = connection.last_body
                 if progress:
                     progress(len(results))
         connection.close()

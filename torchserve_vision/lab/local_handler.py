@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from handlers.classification_cascade import ClassificationCascadeHandler
+from handlers.detect_then_classify import DetectThenClassifyHandler
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.serving import BatchedImageHandler
@@ -21,6 +23,8 @@ from handlers.serving import BatchedImageHandler
 ENTRY_CLASSES: dict[str, type[BatchedImageHandler[Any, Any, Any, Any]]] = {
     "image_classifier.py": ImageClassifierHandler,
     "object_detector.py": ObjectDetectorHandler,
+    "classification_cascade.py": ClassificationCascadeHandler,
+    "detect_then_classify.py": DetectThenClassifyHandler,
 }
 
 

@@ -1,0 +1,61 @@
+"""The confidence cascade's decision, as pure tensor code: which requests of a batch the second
+model answers.
+
+The first model's confidence in its answer is its top-1 probability (`probability`) or its top-1
+minus top-2 probability (`margin`). A request escalates when it asks `always`, or asks `auto` and
+the confidence is below its threshold; `never` keeps the first model's answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from handlers.pipeline_settings import EscalationRule
+
+EscalationMode = Literal["auto", "never", "always"]
+
+
+@dataclass(frozen=True)
+class CascadeRequest:
+    """One decoded request: its image (`uint8[3, H, W]`), how many classes it wants, and how it
+    escalates (`threshold` applies to `auto`)."""
+
+    image: torch.Tensor
+    top_k: int
+    escalation: EscalationMode
+    threshold: float
+
+
+@dataclass(frozen=True)
+class CascadeInput:
+    first_batch: torch.Tensor          # the first model's normalized batch
+    requests: Sequence[CascadeRequest]
+
+
+@dataclass(frozen=True)
+class CascadeOutput:
+    """Probabilities `float[B, C]` of the model that answered each request, and which did."""
+
+    probabilities: torch.Tensor
+    escalated: list[bool]
+
+
+def confidences(probabilities: torch.Tensor, rule: EscalationRule) -> torch.Tensor:
+    """`float[B, C]` probabilities -> `float[B]`: top-1, or top-1 minus top-2 (`margin`; 1.0
+    for a single class)."""
+    if rule == "probability" or probabilities.shape[1] < 2:
+        return probabilities.max(dim=1).values
+    top2 = probabilities.topk(2, dim=1).values
+    return top2[:, 0] - top2[:, 1]
+
+
+def escalated(confidence: torch.Tensor, requests: Sequence[CascadeRequest]) -> list[bool]:
+    """For each request (aligned with `confidence`), whether the second model answers it."""
+    values = confidence.float().cpu().tolist()
+    return [request.escalation == "always"
+            or (request.escalation == "auto" and value < request.threshold)
+            for value, request in zip(values, requests, strict=True)]

@@ -1,0 +1,103 @@
+"""TorchServe entry module for a confidence cascade of two classifiers (exactly one handler class).
+
+Both models live in the worker. Per batch, the first (cheap) model runs on every request; the
+requests whose answer is not confident enough (see `handlers.cascade`), or that ask for it, run
+through the second model as one sub-batch. Each answer is the classifier's list of top-k classes
+`[{"label", "index", "probability", "model"}, ...]`, where `model` names the stage archive that
+produced it (`<name>-<version>`), also in the `X-Answered-By` response header; a client of the
+plain classifier reads it unchanged. Options per request: `handlers.cascade_options`.
+Metrics: HandlerEscalatedRequests (counter) and HandlerEscalationRate (the batch's share).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from handlers.batch_record import BatchRecord
+from handlers.cascade import CascadeInput, CascadeOutput, CascadeRequest, confidences, escalated
+from handlers.cascade_options import OPTION_FIELDS, parse_cascade_options
+from handlers.classification import ClassScore, top_k_of_probabilities
+from handlers.classifier_model import ClassifierModel
+from handlers.decode import decode_image_bytes
+from handlers.inference_protocol import TensorOutput, classification_outputs, tensor
+from handlers.pipeline_settings import CascadeSettings, StageArchive, parse_cascade_settings
+from handlers.request_body import extract_image_bytes
+from handlers.serving import BatchedImageHandler, HeaderReader
+
+ANSWERED_BY_HEADER = "X-Answered-By"
+
+
+class ClassificationCascadeHandler(
+        BatchedImageHandler[CascadeRequest, CascadeInput, CascadeOutput, CascadeSettings]):
+    first: ClassifierModel
+    second: ClassifierModel
+
+    def parse_settings(self, handler_section: Mapping[str, Any]) -> CascadeSettings:
+        return parse_cascade_settings(handler_section)
+
+    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
+        self.settings = self.parse_settings(handler_settings)
+        self.first = self.stage_model(self.settings.first, self.settings.first_classifier)
+        self.second = self.stage_model(self.settings.second, self.settings.second_classifier)
+        if self.first.labels != self.second.labels:
+            raise ValueError(f"the stages {self.settings.first.archive} and "
+                             f"{self.settings.second.archive} have different classes")
+        self.labels, self.precision = self.first.labels, self.first.precision
+        self.runner = "aot" if "aot" in (self.first.runner, self.second.runner) else "eager"
+        self.compiled_refusal = self.first.compiled_refusal or self.second.compiled_refusal
+
+    def stage_model(self, stage: StageArchive, settings: Any) -> ClassifierModel:
+        return ClassifierModel(settings, self.model_dir / stage.directory, stage.serialized_file,
+                               self.device)
+
+    def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> CascadeRequest:
+        settings = self.settings
+        top_k, mode, threshold = parse_cascade_options(
+            row, header, settings.top_k, settings.escalation.threshold, len(self.labels))
+        draft_size = max(settings.first_classifier.resize_size, settings.second_classifier.resize_size)
+        jpeg_draft = settings.first_classifier.jpeg_draft and settings.second_classifier.jpeg_draft
+        image = decode_image_bytes(extract_image_bytes(row, OPTION_FIELDS), settings.limits,
+                                   self.device, draft_size if jpeg_draft else None)
+        return CascadeRequest(image, top_k, mode, threshold)
+
+    def preprocess(self, items: Sequence[CascadeRequest]) -> CascadeInput:
+        return CascadeInput(self.first.model_input([item.image for item in items]), items)
+
+    def infer(self, model_input: CascadeInput) -> CascadeOutput:
+        requests = model_input.requests
+        probabilities = torch.softmax(self.first.logits(model_input.first_batch).float(), dim=1)
+        needs_second = escalated(confidences(probabilities, self.settings.escalation.rule), requests)
+        chosen = [index for index, escalate in enumerate(needs_second) if escalate]
+        if chosen:
+            second_batch = self.second.model_input([requests[index].image for index in chosen])
+            second = torch.softmax(self.second.logits(second_batch).float(), dim=1)
+            probabilities[torch.tensor(chosen, device=probabilities.device)] = second
+        return CascadeOutput(probabilities, needs_second)
+
+    def postprocess(self, model_output: CascadeOutput, model_input: CascadeInput,
+                    items: Sequence[CascadeRequest]) -> list[list[dict[str, Any]]]:
+        ranked = top_k_of_probabilities(model_output.probabilities, self.labels,
+                                        max(item.top_k for item in items))
+        names = (self.settings.first.archive, self.settings.second.archive)
+        return [[{**score, "model": names[escalate]} for score in scores[: item.top_k]]
+                for scores, item, escalate in zip(ranked, items, model_output.escalated, strict=True)]
+
+    def record_answers(self, record: BatchRecord, answers: Sequence[Any]) -> None:
+        count = sum(answer[0]["model"] == self.settings.second.archive for answer in answers)
+        record.counters["EscalatedRequests"] = count
+        record.gauges["EscalationRate"] = round(count / len(answers), 4)
+
+    def answer_headers(self, answer: list[dict[str, Any]]) -> Mapping[str, str]:
+        return {ANSWERED_BY_HEADER: answer[0]["model"]}
+
+    def v2_outputs(self, answer: list[dict[str, Any]]) -> list[TensorOutput]:
+        scores = [ClassScore(label=a["label"], index=a["index"], probability=a["probability"])
+                  for a in answer]
+        return [*classification_outputs(scores), tensor("model", "BYTES", [1], [answer[0]["model"]])]
+
+    def warm_up(self, batch_size: int) -> None:
+        self.first.warm_up(batch_size)
+        self.second.warm_up(batch_size)

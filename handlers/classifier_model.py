@@ -1,0 +1,80 @@
+"""One classification network ready to serve on a device: its settings, class names and runner
+(the archive's compiled package when it may run here, else the eager network).
+
+Used by the image classifier and by the pipelines (a cascade holds two, detect-then-classify
+one), so every classifier is prepared, preprocessed and warmed up the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torchvision.transforms.v2 import functional as F
+
+from handlers.compiled_model import (
+    CompiledModelRefused,
+    MachineTarget,
+    Runner,
+    RunnerKind,
+    compiled_or_eager,
+)
+from handlers.model_loading import autocast, load_for_serving
+from handlers.settings import ClassifierSettings
+from handlers.transforms import preprocess_classification_batch
+
+
+class ClassifierModel:
+    """`labels`, `precision` (what runs here), `runner` ("aot" / "eager"), `compiled_refusal`
+    (why a package was refused, or None), `network` (eager, on `device`), `run` (the runner)."""
+
+    def __init__(self, settings: ClassifierSettings, model_dir: Path, serialized_file: str,
+                 device: torch.device) -> None:
+        self.settings = settings
+        self.device = device
+        self.labels, self.precision, self.network = load_for_serving(settings, model_dir,
+                                                                     serialized_file, device)
+        if settings.channels_last:
+            self.network = self.network.to(memory_format=torch.channels_last)
+        timeout_s = settings.compile.load_timeout_s if settings.compile else 0.0
+        self.run: Runner
+        self.runner: RunnerKind
+        self.compiled_refusal: CompiledModelRefused | None
+        self.run, self.runner, self.compiled_refusal = compiled_or_eager(
+            settings.compiled_packages, model_dir, MachineTarget.here(device, self.precision),
+            self.eager_forward, timeout_s)
+
+    def eager_forward(self, batch: torch.Tensor) -> torch.Tensor:
+        with autocast(self.device, self.precision):
+            return self.network(batch)
+
+    def model_input(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+        """`uint8[3, H_i, W_i]` images -> the normalized batch: short side to `resize_size`,
+        centre crop `input_size`, in the network's memory format."""
+        settings = self.settings
+        batch = preprocess_classification_batch(images, settings.resize_size, settings.input_size,
+                                                settings.mean, settings.std, self.device)
+        return self.in_memory_format(batch)
+
+    def crops_input(self, crops: torch.Tensor) -> torch.Tensor:
+        """`float[N, 3, S, S]` crops at `input_size` with values 0..255 (e.g. from roi_align over
+        uint8 images) -> the normalized batch (no resize or crop)."""
+        batch = F.normalize(crops / 255.0, list(self.settings.mean), list(self.settings.std))
+        return self.in_memory_format(batch)
+
+    def in_memory_format(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.settings.channels_last:
+            return batch.contiguous(memory_format=torch.channels_last)
+        return batch
+
+    def logits(self, batch: torch.Tensor) -> torch.Tensor:
+        """`float[B, C]` for the normalized batch (any B: compiled packages run it in chunks)."""
+        return self.run(batch)
+
+    def warm_up(self, batch_size: int) -> None:
+        """Run batch 1 and `batch_size` (the compiled package's dynamic dimension at both ends)."""
+        size = self.settings.input_size
+        with torch.inference_mode():
+            for count in sorted({1, batch_size}):
+                self.logits(self.in_memory_format(torch.zeros(count, 3, size, size, device=self.device)))

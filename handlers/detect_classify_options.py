@@ -1,0 +1,59 @@
+"""Per-request options of the detect-then-classify pipeline: the detector's own (see
+`handlers.detection_options`) plus, from a JSON body, form fields or headers:
+
+    max_boxes / X-Max-Boxes: 5            the best boxes (by score) to classify
+    classify_classes / X-Classify-Classes: person,dog
+                                          only boxes of these detector classes are classified
+    top_k / X-Top-K: 3                    classes per classified box
+
+A body value beats a header; a malformed value is a 400 for that request alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from handlers.detection import DetectionOptions
+from handlers.detection_options import OPTION_HEADERS as DETECTION_HEADERS
+from handlers.detection_options import parse_class_set, parse_detection_options
+from handlers.pipeline_settings import DetectClassifySettings
+from handlers.request_options import option_values, parse_count
+
+BOX_HEADERS = {"max_boxes": "X-Max-Boxes", "classify_classes": "X-Classify-Classes",
+               "top_k": "X-Top-K"}
+OPTION_FIELDS = frozenset(DETECTION_HEADERS) | frozenset(BOX_HEADERS)
+
+
+@dataclass(frozen=True)
+class BoxOptions:
+    """Which of a request's detections are classified, and how many classes each gets."""
+
+    max_boxes: int
+    classes: frozenset[int] | None   # detector class indices; None: every class
+    top_k: int
+
+
+def parse_box_options(row: Mapping[str, Any], header: Callable[[str], str | None],
+                      settings: DetectClassifySettings, detector_labels: Sequence[str],
+                      classifier_class_count: int) -> BoxOptions:
+    values = option_values(row, header, BOX_HEADERS)
+    return BoxOptions(
+        max_boxes=parse_count("max_boxes", values["max_boxes"], settings.max_boxes_cap)
+        if "max_boxes" in values else settings.max_boxes,
+        classes=parse_class_set("classify_classes", values["classify_classes"], detector_labels)
+        if "classify_classes" in values else None,
+        top_k=parse_count("top_k", values["top_k"], classifier_class_count)
+        if "top_k" in values else settings.top_k,
+    )
+
+
+def parse_detect_classify_options(row: Mapping[str, Any], header: Callable[[str], str | None],
+                                  settings: DetectClassifySettings, detector_labels: Sequence[str],
+                                  classifier_class_count: int) -> tuple[DetectionOptions, BoxOptions]:
+    """(detection options, box options) of this request; ClientError(400) when invalid."""
+    detection = parse_detection_options(row, header, settings.detection_defaults, detector_labels,
+                                        settings.detector_settings.max_detections_cap)
+    return detection, parse_box_options(row, header, settings, detector_labels,
+                                        classifier_class_count)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-STAGES = ("decode", "preprocess", "inference", "postprocess")
+STAGES = ("cache", "decode", "preprocess", "inference", "postprocess")
 
 
 @dataclass

@@ -17,7 +17,14 @@ from typing import Any
 import torch
 
 from handlers.batch_record import BatchRecord
-from handlers.cascade import CascadeInput, CascadeOutput, CascadeRequest, confidences, escalated
+from handlers.cascade import (
+    CascadeInput,
+    CascadeOutput,
+    CascadeRequest,
+    EscalationMode,
+    confidences,
+    escalated,
+)
 from handlers.cascade_options import OPTION_FIELDS, parse_cascade_options
 from handlers.classification import ClassScore, top_k_of_probabilities
 from handlers.classifier_model import ClassifierModel
@@ -25,6 +32,7 @@ from handlers.decode import decode_image_bytes
 from handlers.inference_protocol import TensorOutput, classification_outputs, tensor
 from handlers.pipeline_settings import CascadeSettings, StageArchive, parse_cascade_settings
 from handlers.request_body import extract_image_bytes
+from handlers.request_options import canonical_text
 from handlers.serving import BatchedImageHandler, HeaderReader
 
 ANSWERED_BY_HEADER = "X-Answered-By"
@@ -53,10 +61,20 @@ class ClassificationCascadeHandler(
         return ClassifierModel(settings, self.model_dir / stage.directory, stage.serialized_file,
                                self.device)
 
+    def request_options(self, row: Mapping[str, Any], header: HeaderReader
+                        ) -> tuple[int, EscalationMode, float]:
+        return parse_cascade_options(row, header, self.settings.top_k,
+                                     self.settings.escalation.threshold, len(self.labels))
+
+    def cache_key_material(self, row: Mapping[str, Any], header: HeaderReader) -> tuple[bytes, str]:
+        return extract_image_bytes(row, OPTION_FIELDS), canonical_text(*self.request_options(row, header))
+
+    def near_duplicate_image(self, item: CascadeRequest) -> torch.Tensor:
+        return item.image
+
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> CascadeRequest:
         settings = self.settings
-        top_k, mode, threshold = parse_cascade_options(
-            row, header, settings.top_k, settings.escalation.threshold, len(self.labels))
+        top_k, mode, threshold = self.request_options(row, header)
         draft_size = max(settings.first_classifier.resize_size, settings.second_classifier.resize_size)
         jpeg_draft = settings.first_classifier.jpeg_draft and settings.second_classifier.jpeg_draft
         image = decode_image_bytes(extract_image_bytes(row, OPTION_FIELDS), settings.limits,

@@ -31,13 +31,15 @@ from handlers.detect_classify import (
 )
 from handlers.detect_classify_options import (
     OPTION_FIELDS,
+    BoxOptions,
     parse_detect_classify_options,
 )
-from handlers.detection import DetectionTensors, format_detections
+from handlers.detection import DetectionOptions, DetectionTensors, format_detections
 from handlers.detector_model import DetectorModel
 from handlers.inference_protocol import TensorOutput, detection_outputs, tensor
 from handlers.pipeline_settings import DetectClassifySettings, parse_detect_classify_settings
 from handlers.request_body import extract_image_bytes
+from handlers.request_options import canonical_text
 from handlers.serving import BatchedImageHandler, HeaderReader
 
 
@@ -61,9 +63,16 @@ class DetectThenClassifyHandler(
         self.labels, self.precision = self.detector.labels, self.detector.precision
         self.runner, self.compiled_refusal = self.classifier.runner, self.classifier.compiled_refusal
 
+    def request_options(self, row: Mapping[str, Any], header: HeaderReader
+                        ) -> tuple[DetectionOptions, BoxOptions]:
+        return parse_detect_classify_options(row, header, self.settings, self.labels,
+                                             len(self.classifier.labels))
+
+    def cache_key_material(self, row: Mapping[str, Any], header: HeaderReader) -> tuple[bytes, str]:
+        return extract_image_bytes(row, OPTION_FIELDS), canonical_text(*self.request_options(row, header))
+
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> DetectClassifyRequest:
-        detection, boxes = parse_detect_classify_options(row, header, self.settings, self.labels,
-                                                         len(self.classifier.labels))
+        detection, boxes = self.request_options(row, header)
         image = decode_image_bytes(extract_image_bytes(row, OPTION_FIELDS), self.settings.limits,
                                    self.device)
         return DetectClassifyRequest(image, detection, boxes)

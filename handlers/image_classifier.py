@@ -20,6 +20,7 @@ from handlers.compiled_model import Runner
 from handlers.decode import decode_image_bytes
 from handlers.inference_protocol import TensorOutput, classification_outputs
 from handlers.request_body import extract_image_bytes
+from handlers.request_options import canonical_text
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.settings import ClassifierSettings, parse_classifier_settings
 
@@ -39,6 +40,13 @@ class ImageClassifierHandler(
         self.labels, self.precision = self.classifier.labels, self.classifier.precision
         self.network, self.model = self.classifier.network, self.classifier.run
         self.runner, self.compiled_refusal = self.classifier.runner, self.classifier.compiled_refusal
+
+    def cache_key_material(self, row: Mapping[str, Any], header: HeaderReader) -> tuple[bytes, str]:
+        top_k = parse_top_k(row, header, self.settings.top_k, len(self.labels))
+        return extract_image_bytes(row, OPTION_FIELDS), canonical_text(top_k)
+
+    def near_duplicate_image(self, item: ClassificationRequest) -> torch.Tensor:
+        return item.image
 
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> ClassificationRequest:
         settings = self.settings

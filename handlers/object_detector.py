@@ -15,11 +15,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from handlers.decode import decode_image_bytes
-from handlers.detection import Detection, DetectionRequest, DetectorInput, format_detections
+from handlers.detection import (
+    Detection,
+    DetectionOptions,
+    DetectionRequest,
+    DetectorInput,
+    format_detections,
+)
 from handlers.detection_options import OPTION_FIELDS, parse_detection_options
 from handlers.detector_model import DetectorModel
 from handlers.inference_protocol import TensorOutput, detection_outputs
 from handlers.request_body import extract_image_bytes
+from handlers.request_options import canonical_text
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.settings import DetectorSettings, parse_detector_settings
 
@@ -38,9 +45,16 @@ class ObjectDetectorHandler(
         self.labels, self.precision = self.detector.labels, self.detector.precision
         self.network = self.detector.network
 
+    def request_options(self, row: Mapping[str, Any], header: HeaderReader) -> DetectionOptions:
+        return parse_detection_options(row, header, self.settings.defaults, self.labels,
+                                       self.settings.max_detections_cap)
+
+    def cache_key_material(self, row: Mapping[str, Any], header: HeaderReader) -> tuple[bytes, str]:
+        options = self.request_options(row, header)
+        return extract_image_bytes(row, OPTION_FIELDS), canonical_text(options)
+
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> DetectionRequest:
-        options = parse_detection_options(row, header, self.settings.defaults, self.labels,
-                                          self.settings.max_detections_cap)
+        options = self.request_options(row, header)
         image = decode_image_bytes(extract_image_bytes(row, OPTION_FIELDS), self.settings.limits,
                                    self.device)
         return DetectionRequest(image, options)

@@ -4,6 +4,8 @@ type needs. A malformed or out-of-range value is a 400 for that request alone.""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,3 +45,16 @@ def option_values(row: Mapping[str, Any], header: Callable[[str], str | None],
         if value is not None:
             values[name] = value
     return values
+
+
+def canonical_text(*options: object) -> str:
+    """Options (dataclasses, numbers, strings, sets) as one canonical JSON text: equal options,
+    equal text, in every process (sets sorted). Part of a response-cache key."""
+    def plain(value: object) -> object:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {name: plain(item) for name, item in dataclasses.asdict(value).items()}
+        if isinstance(value, (set, frozenset)):
+            return sorted(value)
+        return value
+
+    return json.dumps([plain(option) for option in options], sort_keys=True, default=plain)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -28,6 +29,7 @@ import torch
 
 from handlers.batch_record import STAGES, BatchRecord
 from handlers.batching import decode_each, merge_outcomes
+from handlers.cache_settings import parse_cache_section, with_environment
 from handlers.compiled_model import CompiledModelRefused, RunnerKind
 from handlers.errors import ClientError
 from handlers.inference_protocol import (
@@ -39,6 +41,8 @@ from handlers.inference_protocol import (
     v2_to_row,
 )
 from handlers.model_loading import resolve_device
+from handlers.perceptual_hash import perceptual_hash
+from handlers.response_cache import ResponseCache, cache_key, namespace_of
 from handlers.settings import parse_log_batches, parse_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -50,6 +54,26 @@ Settings = TypeVar("Settings")  # a model's HandlerSettings, or a pipeline's set
 HeaderReader = Callable[[str], "str | None"]
 JSON_CONTENT_TYPE = "application/json"
 BATCH_SIZE_HEADER = "X-Batch-Size"
+CACHE_HEADER = "X-Cache"   # hit | near-hit | miss | bypass, when the model has a response cache
+CACHE_HIT, CACHE_NEAR_HIT, CACHE_MISS, CACHE_BYPASS = "hit", "near-hit", "miss", "bypass"
+
+
+def bypasses_cache(header: HeaderReader) -> bool:
+    """`Cache-Control: no-cache` (or no-store): neither read nor write the cache for this request."""
+    directives = (header("Cache-Control") or "").lower()
+    return "no-cache" in directives or "no-store" in directives
+
+
+@dataclass
+class CacheLookup:
+    """One batch's cache work: keys of the requests that have one, hits (decoded answers) and
+    each request's status for the X-Cache header."""
+
+    keys: dict[int, str] = field(default_factory=dict)
+    options: dict[int, str] = field(default_factory=dict)     # canonical options text
+    near_keys: dict[int, str] = field(default_factory=dict)   # perceptual-hash keys
+    hits: dict[int, Any] = field(default_factory=dict)
+    status: dict[int, str] = field(default_factory=dict)
 
 
 def emit_batch_metrics(metrics: Any, record: BatchRecord) -> None:
@@ -140,6 +164,8 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
         self.log_batches = True
         self.runner: RunnerKind = "eager"        # "aot" once `load` accepts a compiled package
         self.compiled_refusal: CompiledModelRefused | None = None  # why a package was refused
+        self.cache: ResponseCache | None = None  # with `handler.cache` (or TSV_CACHE=on)
+        self.cache_namespace = ""
 
     # --- TorchServe entry points -------------------------------------------------------
     def initialize(self, context: TorchServeContext) -> None:
@@ -171,39 +197,136 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
         )
         if self.compiled_refusal is not None:
             emit_compiled_model_refusal(getattr(context, "metrics", None), self.compiled_refusal)
+        cache_settings = with_environment(parse_cache_section(handler_settings.get("cache")),
+                                          os.environ)
+        if cache_settings.enabled:
+            self.cache = ResponseCache(cache_settings)
+            self.cache_namespace = namespace_of(self.model_name, self.model_version, handler_settings)
+            logger.info("response cache on: memory_bytes=%d redis=%s ttl_s=%d",
+                        cache_settings.memory_bytes, cache_settings.redis_url or "none",
+                        cache_settings.ttl_s)
         self.initialized = True
 
     def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> list[bytes]:
         """One JSON body per request, in order; statuses set per request on `context`. A request
-        in the Open Inference Protocol's form is answered in that form (see inference_protocol)."""
+        in the Open Inference Protocol's form is answered in that form (see inference_protocol).
+        With a response cache, hits are answered without decoding or inference (see
+        `handlers.response_cache`); the rest of the batch runs as usual."""
         record = BatchRecord(self.model_name, self.model_version, size=len(data), runner=self.runner)
+        rows: list[Mapping[str, Any]] = []
         v2_requests: dict[int, V2Request] = {}
-
-        def decode(index: int) -> Item:
-            row = data[index]
+        errors: dict[int, ClientError] = {}   # refused requests, by batch position
+        for index, row in enumerate(data):
             if is_v2_request(row.get("body")):
                 v2_requests[index] = V2Request(None)
-                row, v2_requests[index] = v2_to_row(row["body"])
-            return self.decode_request(row, lambda name: context.get_request_header(index, name))
+                try:
+                    row, v2_requests[index] = v2_to_row(row["body"])
+                except ClientError as error:
+                    errors[index] = error
+            rows.append(row)
 
+        def header_of(index: int) -> HeaderReader:
+            return lambda name: context.get_request_header(index, name)
+
+        lookup = self.look_up_cached(rows, header_of, errors, record)
+        pending = [index for index in range(len(rows)) if index not in lookup.hits and index not in errors]
         with record.timing("decode"):
-            decoded = decode_each(len(data), decode)
+            decoded = decode_each(len(pending), lambda position: self.decode_request(
+                rows[pending[position]], header_of(pending[position])))
+        errors.update({pending[position]: error for position, error in decoded.errors.items()})
+        decoded_items = {pending[position]: item
+                         for position, item in zip(decoded.indices, decoded.items, strict=True)}
+        self.look_up_near_duplicates(lookup, decoded_items, record)
+        computed = [index for index in decoded_items if index not in lookup.hits]
         answers: list[Any] = []
-        if decoded.items:
+        if computed:
             with torch.inference_mode():
-                answers = self.answer_items(decoded.items, record)
-        outcomes = merge_outcomes(len(data), decoded.indices, answers, decoded.errors)
-        record.answered = len(answers)
+                answers = self.answer_items([decoded_items[index] for index in computed], record)
+        self.store_computed(lookup, computed, answers)
+        if self.cache is not None:
+            record.counters.update({f"Cache{name}": count
+                                    for name, count in self.cache.take_counts().items()})
+            record.gauges["CacheMemoryBytes"] = self.cache.memory_bytes
+        outcomes = merge_outcomes(len(rows), [*computed, *lookup.hits],
+                                  [*answers, *lookup.hits.values()], errors)
+        record.answered = len(answers) + len(lookup.hits)
         if answers:
             self.record_answers(record, answers)
-        record.rejected.update(error.error_type for error in decoded.errors.values())
+        record.rejected.update(error.error_type for error in errors.values())
         if self.log_batches:
             logger.info(record.to_log_line())
         emit_batch_metrics(getattr(context, "metrics", None), record)
         return [
-            self.write_response(context, index, outcome, len(data), v2_requests.get(index))
+            self.write_response(context, index, outcome, len(data), v2_requests.get(index),
+                                lookup.status.get(index))
             for index, outcome in enumerate(outcomes)
         ]
+
+    def look_up_cached(self, rows: Sequence[Mapping[str, Any]],
+                       header_of: Callable[[int], HeaderReader], refused: Mapping[int, ClientError],
+                       record: BatchRecord) -> CacheLookup:
+        """The batch's cache keys, statuses and hits (decoded answers), in one lookup."""
+        lookup = CacheLookup()
+        if self.cache is None:
+            return lookup
+        with record.timing("cache"):
+            for index, row in enumerate(rows):
+                if index in refused:
+                    continue
+                if bypasses_cache(header_of(index)):
+                    lookup.status[index] = CACHE_BYPASS
+                    continue
+                lookup.status[index] = CACHE_MISS
+                try:
+                    material = self.cache_key_material(row, header_of(index))
+                except ClientError:
+                    continue  # decoding reports it
+                if material is not None:
+                    lookup.keys[index] = cache_key(self.cache_namespace, material[1], material[0])
+                    lookup.options[index] = material[1]
+            found = self.cache.lookup(list(lookup.keys.values()))
+            for index, key in lookup.keys.items():
+                if key in found:
+                    lookup.hits[index] = json.loads(found[key])
+                    lookup.status[index] = CACHE_HIT
+        record.counters["CacheBypasses"] = sum(s == CACHE_BYPASS for s in lookup.status.values())
+        record.counters["CacheMisses"] = len(lookup.keys) - len(lookup.hits)
+        return lookup
+
+    def look_up_near_duplicates(self, lookup: CacheLookup, decoded_items: Mapping[int, Item],
+                                record: BatchRecord) -> None:
+        """With `near_duplicates` on: a second key per decoded request (its perceptual hash, see
+        handlers.perceptual_hash), looked up in one go; hits join `lookup.hits`."""
+        if self.cache is None or not self.cache.near_duplicates:
+            return
+        with record.timing("cache"):
+            for index, item in decoded_items.items():
+                image = self.near_duplicate_image(item)
+                if image is not None and index in lookup.options:
+                    lookup.near_keys[index] = cache_key(self.cache_namespace,
+                                                        lookup.options[index] + "|phash",
+                                                        perceptual_hash(image))
+            found = self.cache.lookup(list(lookup.near_keys.values()))
+            for index, key in lookup.near_keys.items():
+                if key in found:
+                    lookup.hits[index] = json.loads(found[key])
+                    lookup.status[index] = CACHE_NEAR_HIT
+        record.counters["CacheNearDuplicateHits"] = sum(
+            status == CACHE_NEAR_HIT for status in lookup.status.values())
+        record.counters["CacheMisses"] -= record.counters["CacheNearDuplicateHits"]
+
+    def store_computed(self, lookup: CacheLookup, computed: Sequence[int], answers: Sequence[Any]) -> None:
+        """Store the successful answers of requests that had a key (one write per batch), under
+        the exact key and, in near-duplicate mode, the perceptual one."""
+        if self.cache is None:
+            return
+        entries: dict[str, bytes] = {}
+        for index, answer in zip(computed, answers, strict=True):
+            value = json.dumps(answer).encode()
+            for keys in (lookup.keys, lookup.near_keys):
+                if index in keys:
+                    entries[keys[index]] = value
+        self.cache.store(entries)
 
     def answer_items(self, items: Sequence[Item], record: BatchRecord) -> list[Any]:
         """preprocess -> infer -> postprocess over `items`; on CUDA out-of-memory, the items are
@@ -271,15 +394,28 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
         """Add this handler's own counters / gauges for the batch's answers to `record`
         (exported as Handler<Name> metrics and in the batch log line; default: none)."""
 
+    def cache_key_material(self, row: Mapping[str, Any],
+                           header: HeaderReader) -> tuple[bytes, str] | None:
+        """(image bytes, the request's answer-changing options as canonical text) for the
+        response cache; None: this handler's answers are not cached. May raise ClientError."""
+        return None
+
+    def near_duplicate_image(self, item: Item) -> torch.Tensor | None:
+        """The decoded image whose perceptual hash keys near-duplicates (default: none; the
+        classifiers give theirs: near-duplicate mode is for classification only)."""
+        return None
+
     def answer_headers(self, answer: Any) -> Mapping[str, str]:
         """Response headers of one successful answer (default: none)."""
         return {}
 
     # --- helpers --------------------------------------------------------------------------
     def write_response(self, context: TorchServeContext, index: int, outcome: Any, batch_size: int,
-                       v2_request: V2Request | None = None) -> bytes:
+                       v2_request: V2Request | None = None, cache_status: str | None = None) -> bytes:
         context.set_response_content_type(index, JSON_CONTENT_TYPE)
         context.set_response_header(index, BATCH_SIZE_HEADER, str(batch_size))
+        if cache_status is not None:
+            context.set_response_header(index, CACHE_HEADER, cache_status)
         if isinstance(outcome, ClientError):
             context.set_response_status(outcome.status, outcome.phrase, index)
             body = v2_error(outcome) if v2_request is not None else None

@@ -42,6 +42,20 @@ ensure_haproxy() {
        "e.g. 'sudo apt-get install -y haproxy')" >&2
 }
 
+ensure_redis() {
+  if command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ]; then
+    return
+  fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing redis-server with apt"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+    return
+  fi
+  echo "setup: redis-server not found (the response cache's shared tier and its tests need it;" \
+       "e.g. 'sudo apt-get install -y redis-server')" >&2
+}
+
 find_python() {
   for candidate in "${PYTHON:-}" python3.11 python3; do
     if [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 \
@@ -72,5 +86,6 @@ ensure_venv() {
 
 ensure_java
 ensure_haproxy
+ensure_redis
 ensure_venv
 echo "setup: ready (.venv with torchserve-vision, $(java -version 2>&1 | head -n 1))"

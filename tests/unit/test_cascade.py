@@ -201,3 +201,11 @@ def test_a_cascade_stage_must_be_a_classifier(store, tmp_path):
 def test_a_bad_escalation_setting_stops_the_build(store):
     with pytest.raises(BuildError, match=r"escalation\.threshold"):
         build_archive(cascade_description(escalation={"threshold": 2}), store)
+
+
+def test_the_serving_labs_profiler_runs_a_cascade_archive(store):
+    """Pipelines are archives like any other: `lab profile` loads them by their entry module."""
+    from torchserve_vision.lab.profile import profile_archive
+
+    profile = profile_archive(store / "tiny_cascade-1.0.mar", 2, 1, photo_bytes("coffee.png"), "coffee")
+    assert profile.batch_sizes == [1, 2] and all(ms > 0 for ms in profile.handler_ms)

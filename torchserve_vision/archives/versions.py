@@ -14,6 +14,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from torchserve_vision.model_descriptions import ServingSettings
 
 
@@ -30,8 +32,11 @@ def archive_manifest(path: Path) -> dict[str, Any]:
         raise ArchiveError(f"{path} is not a readable model archive: {error}") from None
 
 
-def archive_with_version(store: Path, archive: str, version: str) -> str:
-    """Copy `archive` in the model store as `<name>-<version>.mar` with that manifest version.
+def archive_with_version(store: Path, archive: str, version: str,
+                         handler_changes: dict[str, Any] | None = None) -> str:
+    """Copy `archive` in the model store as `<name>-<version>.mar` with that manifest version
+    (and, with `handler_changes`, those top-level keys of its YAML's `handler:` section replaced,
+    e.g. {"cache": {...}}: a setting changed without rebuilding or recompiling).
 
     TorchServe fixes batch size and delay at registration and keys versions by the manifest's
     version, so new batch settings for the same archive need a new version: this is it.
@@ -39,6 +44,7 @@ def archive_with_version(store: Path, archive: str, version: str) -> str:
     source = store / archive
     manifest = archive_manifest(source)
     target_name = f"{manifest['modelName']}-{version}.mar"
+    config_file = manifest.get("configFile")
     with (tempfile.NamedTemporaryFile(dir=store, suffix=".tmp", delete=False) as tmp,
           zipfile.ZipFile(source) as old, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as new):
         for item in old.infolist():
@@ -47,6 +53,10 @@ def archive_with_version(store: Path, archive: str, version: str) -> str:
                 document = json.loads(data)
                 document["model"]["modelVersion"] = version
                 data = json.dumps(document, indent=2).encode()
+            elif handler_changes and item.filename == config_file:
+                model_yaml = yaml.safe_load(data)
+                model_yaml["handler"] = {**model_yaml.get("handler", {}), **handler_changes}
+                data = yaml.safe_dump(model_yaml).encode()
             new.writestr(item, data)
     shutil.move(tmp.name, store / target_name)
     return target_name

@@ -21,11 +21,13 @@ from torchserve_vision.cli.common import (
     subcommand,
 )
 from torchserve_vision.lab import (
+    cache_benchmark,
     capacity_plan,
     cascade_tradeoff,
     compare,
     compile_speed,
     loadgen,
+    near_duplicates,
     profile,
     rolling_update,
     rollout_drill,
@@ -51,7 +53,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_compile_speed,
                 add_startup, add_rollout_drill, add_plan,
-                add_rolling_update, add_cascade):
+                add_rolling_update, add_cascade, add_cache, add_near_duplicates):
         add(actions)
 
 
@@ -418,4 +420,38 @@ def run_cascade(args: argparse.Namespace) -> int:
     second_alone = points[-1].throughput_rps
     print(json.dumps([asdict(p) for p in points], indent=2) if args.json
           else cascade_tradeoff.markdown(points, second_alone))
+    return 0
+
+
+# --- cache --------------------------------------------------------------------------------------
+def add_cache(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "cache",
+                        "the response cache: 0/50/90 % repeats, off vs memory vs Redis, an outage",
+                        cache_benchmark.__doc__ or "",
+                        [connection_flags(), model_store_flag(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    parser.set_defaults(run=run_cache)
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    result = cache_benchmark.benchmark(client_from(args), args.model_store.resolve(), args.model,
+                                       args.clients, args.duration)
+    print(json.dumps(result, indent=2) if args.json else cache_benchmark.markdown(result))
+    return 0
+
+
+def add_near_duplicates(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "near-duplicates",
+                        "perceptual-hash hits and wrong answers on real photos and variants",
+                        near_duplicates.__doc__ or "", [json_flag()])
+    parser.add_argument("--archive", type=Path, default=paths.MODEL_STORE / "efficientnet_lite0-1.0.mar")
+    parser.add_argument("--inputs", type=int, default=320)
+    parser.set_defaults(run=run_near_duplicates)
+
+
+def run_near_duplicates(args: argparse.Namespace) -> int:
+    report = near_duplicates.measure(args.archive, args.inputs)
+    print(near_duplicates.as_json(report) if args.json else near_duplicates.markdown(report))
     return 0

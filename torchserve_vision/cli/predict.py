@@ -27,22 +27,36 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--score-threshold", help="detection: X-Score-Threshold for this request")
     parser.add_argument("--max-detections", help="detection: X-Max-Detections for this request")
     parser.add_argument("--classes", help="detection: X-Classes, e.g. person,dog")
+    parser.add_argument("--escalation", choices=("auto", "never", "always"),
+                        help="cascade: X-Escalation for this request")
     parser.set_defaults(run=run)
 
 
+def format_classes(classes: list[dict[str, Any]], indent: str = "  ") -> str:
+    return "\n".join(f"{indent}{c['probability']:7.4f}  {c['label']} (class {c['index']})"
+                     for c in classes)
+
+
 def format_answer(answer: list[dict[str, Any]]) -> str:
-    """Classes (label, index, probability) or detections (label, index, score, box) as a table."""
+    """Classes (label, index, probability; a cascade's answering model) or detections (label,
+    index, score, box; a pipeline's classification of the box) as a table."""
     if not answer:
         return "  (nothing found)"
     if "box" in answer[0]:
-        rows = [(d["score"], d["label"], ", ".join(f"{v:.1f}" for v in d["box"])) for d in answer]
-        return "\n".join(f"  {score:7.4f}  {label:<16} box [{box}]" for score, label, box in rows)
-    return "\n".join(f"  {c['probability']:7.4f}  {c['label']} (class {c['index']})" for c in answer)
+        lines = []
+        for d in answer:
+            box = ", ".join(f"{v:.1f}" for v in d["box"])
+            lines.append(f"  {d['score']:7.4f}  {d['label']:<16} box [{box}]")
+            if d.get("classification"):
+                lines.append(format_classes(d["classification"], indent="           "))
+        return "\n".join(lines)
+    answered_by = f"\n  (answered by {answer[0]['model']})" if "model" in answer[0] else ""
+    return format_classes(answer) + answered_by
 
 
 def run(args: argparse.Namespace) -> int:
     options = {"X-Score-Threshold": args.score_threshold, "X-Max-Detections": args.max_detections,
-               "X-Classes": args.classes}
+               "X-Classes": args.classes, "X-Escalation": args.escalation}
     headers = {name: value for name, value in options.items() if value is not None}
     answer = client_from(args).predict(args.model, args.version, args.image.read_bytes(), headers)
     if args.json:

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import requests
@@ -40,9 +40,11 @@ CHECK_INTERVAL_MS = 250
 @dataclass(frozen=True)
 class PodStep:
     pod: str
+    graceful: bool       # SIGTERM to `server run`; False: TorchServe's stock stop
     exit_code: int
     stop_s: float        # SIGTERM (or the stock stop) to exit
     restart_s: float     # start to ready, then back in the load balancer's rotation
+    failed: int = 0      # failed requests scheduled from the previous step's end to this one's
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ class RehearsalReport:
     steps: list[PodStep]
 
     def table(self) -> str:
-        lines = [f"{step.pod}: stopped, exit {step.exit_code} after {step.stop_s:.1f} s; "
-                 f"restarted and in rotation in {step.restart_s:.1f} s" for step in self.steps]
+        lines = [f"{step.pod}: {'SIGTERM' if step.graceful else 'stock stop'}, exit "
+                 f"{step.exit_code} after {step.stop_s:.1f} s; restarted and in rotation in "
+                 f"{step.restart_s:.1f} s; {step.failed} failed" for step in self.steps]
         latency = "  ".join(f"{k} {v:.0f}" for k, v in self.latency_ms.items())
         lines.append(f"{self.sent} requests at {self.rate_rps:g}/s over {self.duration_s:.0f} s: "
                      f"{self.failed} failed {self.errors or ''}".rstrip())
@@ -117,12 +120,14 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
 
 def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: float = 20.0,
              drain_delay_s: float = 2.0, settle_s: float = 3.0, load_models: str | None = None,
-             graceful: bool = True, roll_count: int | None = None,
+             graceful: bool = True, roll_count: int | None = None, stock_stop_after: bool = False,
              on_step: Callable[[str], None] = lambda line: None) -> RehearsalReport:
     """Start `pod_count` pods and HAProxy, offer `rate_rps` through it, roll every pod once
     (the first `roll_count` pods, when given).
     `graceful=False` stops each pod the way TorchServe's stock image ends up doing it
-    (`torchserve --stop` at once: in-flight requests are dropped), for comparison."""
+    (`torchserve --stop` at once: in-flight requests are dropped), for comparison;
+    `stock_stop_after` adds that comparison as a last step (the first pod, stopped the stock way,
+    in the same run and load), with failures counted per step."""
     with tempfile.TemporaryDirectory(prefix="rolling-") as tmp:
         root = Path(tmp)
         overrides = {"load_models": load_models} if load_models else {}
@@ -141,7 +146,9 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_until(lambda: servers_up(stats_port) == pod_count, 30, "HAProxy to see every pod")
             on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
-            return roll(pods, pods[:roll_count], port, stats_port, rate_rps, settle_s, graceful, on_step)
+            plan = [(pod, graceful) for pod in pods[:roll_count]]
+            plan += [(pods[0], False)] if stock_stop_after else []
+            return roll(pods, plan, port, stats_port, rate_rps, settle_s, on_step)
         finally:
             if balancer is not None:
                 balancer.terminate()
@@ -150,8 +157,9 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
                 pod.kill()
 
 
-def roll(pods: list[Pod], rolled: list[Pod], port: int, stats_port: int, rate_rps: float,
-         settle_s: float, graceful: bool, on_step: Callable[[str], None]) -> RehearsalReport:
+def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: int, rate_rps: float,
+         settle_s: float, on_step: Callable[[str], None]) -> RehearsalReport:
+    """Stop and restart the pods of `plan` in turn (True: gracefully) under open-loop load."""
     target = LoadTarget(f"http://127.0.0.1:{port}/predictions/efficientnet_lite0",
                         [photo_path().read_bytes()], timeout_s=60)
     results: list[Result] = []
@@ -162,9 +170,10 @@ def roll(pods: list[Pod], rolled: list[Pod], port: int, stats_port: int, rate_rp
         "max_in_flight": 64, "stop": load_done, "results": results, "started": started})
     load.start()
     steps = []
+    windows: list[float] = [0.0]   # step i counts the failures scheduled in windows[i]..[i + 1]
     try:
         time.sleep(settle_s)
-        for pod in rolled:
+        for pod, graceful in plan:
             if graceful:
                 pod.terminate()
             else:
@@ -175,13 +184,18 @@ def roll(pods: list[Pod], rolled: list[Pod], port: int, stats_port: int, rate_rp
             pod.start()
             pod.wait_ready()
             wait_until(lambda: servers_up(stats_port) == len(pods), 30, f"HAProxy to take {pod.name} back")
-            steps.append(PodStep(pod.name, code, stop_s, time.monotonic() - restarted))
+            steps.append(PodStep(pod.name, graceful, code, stop_s, time.monotonic() - restarted))
             on_step(f"{pod.name}: exit {code} {stop_s:.1f} s after the stop; back in rotation after "
                     f"{steps[-1].restart_s:.1f} s")
             time.sleep(settle_s)
+            windows.append(time.perf_counter() - started)
     finally:
         load_done.set()
         load.join(timeout=120)
+    windows[-1] = float("inf")   # the last step also owns what was in flight at the end
+    steps = [replace(step, failed=sum(start <= result.scheduled_s < end and result.status != 200
+                                      for result in results))
+             for step, start, end in zip(steps, windows, windows[1:], strict=False)]
     summary = summarize("open loop", results, time.perf_counter() - started, rate_rps)
     return RehearsalReport(pods=len(pods), rate_rps=rate_rps, duration_s=summary.duration_s,
                            sent=summary.sent, failed=summary.sent - summary.succeeded,

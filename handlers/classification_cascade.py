@@ -54,8 +54,7 @@ class ClassificationCascadeHandler(
             raise ValueError(f"the stages {self.settings.first.archive} and "
                              f"{self.settings.second.archive} have different classes")
         self.labels, self.precision = self.first.labels, self.first.precision
-        self.runner = "aot" if "aot" in (self.first.runner, self.second.runner) else "eager"
-        self.compiled_refusal = self.first.compiled_refusal or self.second.compiled_refusal
+        self.runners = {"first": self.first.runner, "second": self.second.runner}
 
     def stage_model(self, stage: StageArchive, settings: Any) -> ClassifierModel:
         return ClassifierModel(settings, self.model_dir / stage.directory, stage.serialized_file,

@@ -14,10 +14,10 @@ import torch
 from torchvision.transforms.v2 import functional as F
 
 from handlers.compiled_model import (
-    CompiledModelRefused,
+    EagerModel,
     MachineTarget,
     Runner,
-    RunnerKind,
+    RunnerChoice,
     compiled_or_eager,
 )
 from handlers.model_loading import autocast, load_for_serving
@@ -26,8 +26,8 @@ from handlers.transforms import preprocess_classification_batch
 
 
 class ClassifierModel:
-    """`labels`, `precision` (what runs here), `runner` ("aot" / "eager"), `compiled_refusal`
-    (why a package was refused, or None), `network` (eager, on `device`), `run` (the runner)."""
+    """`labels`, `precision` (what runs here), `runner` (the compiled package it loaded, or eager
+    and why), `network` (eager, on `device`), `run` (what serves: package or eager network)."""
 
     def __init__(self, settings: ClassifierSettings, model_dir: Path, serialized_file: str,
                  device: torch.device) -> None:
@@ -39,11 +39,12 @@ class ClassifierModel:
             self.network = self.network.to(memory_format=torch.channels_last)
         timeout_s = settings.compile.load_timeout_s if settings.compile else 0.0
         self.run: Runner
-        self.runner: RunnerKind
-        self.compiled_refusal: CompiledModelRefused | None
-        self.run, self.runner, self.compiled_refusal = compiled_or_eager(
+        self.runner: RunnerChoice
+        eager = EagerModel(serve=self.eager_forward, fp32=self.network,
+                           model_input=lambda photos: self.crops_input(photos.float()))
+        self.run, self.runner = compiled_or_eager(
             settings.compiled_packages, model_dir, MachineTarget.here(device, self.precision),
-            self.eager_forward, timeout_s)
+            eager, timeout_s)
 
     def eager_forward(self, batch: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.precision):

@@ -13,6 +13,7 @@ correct. So an archive built on one CPU is safe on another: at worst it runs eag
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
+from handlers.answer_agreement import answer_disagreement, probability_bound, top_classes
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,16 @@ CPU_TARGETS = {
     "avx512": CpuTarget(march="x86-64-v4", simdlen=512, capability="AVX512"),
 }
 CAPABILITY_RANK = {"DEFAULT": 0, "NO AVX": 0, "AVX2": 1, "AVX512": 2}
+
+# What gcc's x86-64 levels let generated code use, as /proc/cpuinfo names the features (LZCNT is
+# "abm" there). ATen's "AVX2" asks for less (AVX2 and FMA), and a VM may hide the rest: code built
+# for x86-64-v3 on such a CPU dies with an illegal instruction, so a worker checks them all.
+_X86_64_V2 = frozenset({"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"})
+_X86_64_V3 = _X86_64_V2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+X86_64_LEVEL_FEATURES = {
+    "x86-64-v3": _X86_64_V3,
+    "x86-64-v4": _X86_64_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+}
 
 
 @dataclass(frozen=True)
@@ -90,54 +103,116 @@ class MachineTarget:
     device: str
     cpu_capability: str
     precision: str              # the precision this worker runs (see model_loading.resolve_precision)
+    cpu_features: frozenset[str] | None = None   # /proc/cpuinfo's flags; None: unknown
 
     @classmethod
     def here(cls, device: torch.device, precision: str) -> MachineTarget:
-        return cls(str(torch.__version__), device.type, cpu_capability(), precision)
+        return cls(str(torch.__version__), device.type, cpu_capability(), precision, cpu_features())
 
 
 def cpu_capability() -> str:
-    """ATen's CPU capability here: "AVX512", "AVX2" or "DEFAULT" (read from cpuinfo, no compile)."""
+    """ATen's CPU capability here: "AVX512", "AVX2" or "DEFAULT" (read from cpuinfo, no compile).
+    `ATEN_CPU_CAPABILITY=avx2` lowers it (to rehearse an AVX2 machine on an AVX-512 one)."""
     return torch.backends.cpu.get_cpu_capability()
+
+
+def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """The CPU's feature flags as the kernel reports them (the first `flags` line), or None where
+    there is no such file (not Linux)."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "flags":
+            return frozenset(value.split())
+    return None
+
+
+def missing_cpu_features(capability: str, features: frozenset[str] | None) -> str | None:
+    """Why code built for the CPU target of ATen `capability` cannot run on a CPU with `features`
+    (the features it lacks, or that they are unknown), or None when it can."""
+    marches = [target.march for target in CPU_TARGETS.values() if target.capability == capability]
+    if not marches:
+        return None  # no target of ours asks for this capability: the rank check decides
+    needed = X86_64_LEVEL_FEATURES[marches[0]]
+    if features is None:
+        return f"the CPU's features cannot be read, and {marches[0]} code needs {sorted(needed)}"
+    missing = sorted(needed - features)
+    return f"this CPU lacks {missing}, which {marches[0]} code needs" if missing else None
 
 
 class CompiledModelRefused(RuntimeError):
     """A compiled package cannot serve on this worker. `kind` is a short stable name (a metric
-    dimension): target, missing, load_failed, load_timeout, wrong_output; the message says why."""
+    dimension): target, cpu_features, missing, load_failed, load_timeout, wrong_output; the
+    message says why."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
 
-def target_mismatch(target: CompileTarget, machine: MachineTarget) -> str | None:
+def target_mismatch(target: CompileTarget, machine: MachineTarget) -> CompiledModelRefused | None:
     """Why a package built for `target` must not run on `machine`, or None when it may."""
     if target.torch_version != machine.torch_version:
-        return f"built with torch {target.torch_version}, this worker has {machine.torch_version}"
+        return CompiledModelRefused("target", f"built with torch {target.torch_version}, this "
+                                    f"worker has {machine.torch_version}")
     if target.device != machine.device:
-        return f"built for {target.device}, this worker runs on {machine.device}"
+        return CompiledModelRefused("target", f"built for {target.device}, this worker runs on "
+                                    f"{machine.device}")
+    if target.precision != machine.precision:
+        return CompiledModelRefused("target", f"built for {target.precision}, this worker runs "
+                                    f"{machine.precision}")
     if target.device == "cpu":
         needed = CAPABILITY_RANK.get(target.cpu_capability)
         offered = CAPABILITY_RANK.get(machine.cpu_capability, 0)
         if needed is None or offered < needed:
-            return (f"built for CPU capability {target.cpu_capability}, this CPU has "
-                    f"{machine.cpu_capability}")
-    if target.precision != machine.precision:
-        return f"built for {target.precision}, this worker runs {machine.precision}"
+            return CompiledModelRefused("target", f"built for CPU capability {target.cpu_capability}, "
+                                        f"this CPU has {machine.cpu_capability}")
+        missing = missing_cpu_features(target.cpu_capability, machine.cpu_features)
+        if missing is not None:
+            return CompiledModelRefused("cpu_features", missing)
     return None
 
 
 def package_for(packages: Sequence[CompiledPackage], machine: MachineTarget) -> CompiledPackage:
-    """The package this machine can run: the one of its precision whose target fits."""
+    """The package this machine can run: of its precision, the richest CPU target that fits (an
+    archive may hold one package per target). When none fits, CompiledModelRefused with every
+    reason, of the kind of the least demanding package's misfit."""
     same_precision = [package for package in packages if package.target.precision == machine.precision]
     if not same_precision:
         raise CompiledModelRefused("target", f"no compiled package for {machine.precision} "
                                    f"(the archive has {[p.target.precision for p in packages]})")
-    reasons = [target_mismatch(package.target, machine) for package in same_precision]
-    for package, reason in zip(same_precision, reasons, strict=True):
-        if reason is None:
+    richest_first = sorted(same_precision, reverse=True,
+                           key=lambda package: CAPABILITY_RANK.get(package.target.cpu_capability, -1))
+    refusals = []
+    for package in richest_first:
+        refusal = target_mismatch(package.target, machine)
+        if refusal is None:
             return package
-    raise CompiledModelRefused("target", "; ".join(reason for reason in reasons if reason))
+        refusals.append(refusal)
+    raise CompiledModelRefused(refusals[-1].kind, "; ".join(str(refusal) for refusal in refusals))
+
+
+@dataclass(frozen=True)
+class RunnerChoice:
+    """What a worker serves: "aot" (the `package` loaded) or "eager" (with the `refusal` that
+    says why, or None when the archive has no packages)."""
+
+    kind: RunnerKind
+    package: CompiledPackage | None = None
+    refusal: CompiledModelRefused | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """For logs, `models describe` and tests: runner, and the package or the refusal."""
+        if self.package is not None:
+            return {"runner": self.kind, "package": self.package.file,
+                    "cpu_capability": self.package.target.cpu_capability,
+                    "precision": self.package.target.precision}
+        if self.refusal is not None:
+            return {"runner": self.kind, "refused": self.refusal.kind, "reason": str(self.refusal)}
+        return {"runner": self.kind}
 
 
 class ChunkedRunner:
@@ -154,12 +229,30 @@ class ChunkedRunner:
         return torch.cat([self.compiled(chunk) for chunk in batch.split(self.max_batch_size)])
 
 
+class IsaMismatchWarningFilter(logging.Filter):
+    """Drops AOTInductor's load-time warning that a package's CPU ISA differs from this CPU's
+    (e.g. "AVX512 AVX512_VNNI vs AVX2"): a package built for a lesser target than the CPU offers
+    is what the archive builder means to ship, and `target_mismatch` decides what may run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.args, tuple) and record.args[:1] == ("AOTI_CPU_ISA",))
+
+
+ISA_MISMATCH_WARNING_FILTER = IsaMismatchWarningFilter()
+
+
 def load_aoti_package(path: Path) -> Runner:
-    """Load an AOTInductor package. Inductor would first compile a small probe program to find
-    the CPU's vector ISA; the package is already built, so that probe is skipped."""
+    """Load an AOTInductor package whose every call checks its input's shape, strides and dtype
+    against what it was built for, and raises on a mismatch. Without the check (AOTInductor's
+    default) a package fed another shape reads out of bounds: wrong numbers, or a crash. It costs
+    microseconds per call; `AOTI_RUNTIME_CHECK_INPUTS` is read once per package, at its first
+    call, so it is set for the whole worker process. Inductor would also compile a small probe
+    program to find the CPU's vector ISA; the package is already built, so that is skipped."""
     import torch._inductor
     import torch._inductor.config as inductor_config
 
+    os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
+    logging.getLogger("torch.export.pt2_archive._package").addFilter(ISA_MISMATCH_WARNING_FILTER)
     with inductor_config.patch({"cpp.vec_isa_ok": True}):
         return torch._inductor.aoti_load_package(str(path))
 
@@ -186,53 +279,80 @@ def call_with_deadline(function: Callable[[], Runner], timeout_s: float) -> Runn
     return outcome["runner"]
 
 
-def probe_batch(target: CompileTarget, device: torch.device) -> torch.Tensor:
-    """A fixed pseudo-random batch of 2 in the package's input layout."""
-    generator = torch.Generator().manual_seed(0)
-    batch = torch.randn(2, *target.input_shape_chw, generator=generator).to(device)
-    return batch.contiguous(memory_format=torch.channels_last) if target.channels_last else batch
+COMPILED_DIRECTORY = "compiled"   # in the model directory: the packages and their probe photos
+PROBE_FILE = f"{COMPILED_DIRECTORY}/probe-photos.pt"   # written by the archive builder
+PROBE_TOP_K = 10
 
 
-def check_against_eager(compiled: Runner, eager: Runner, probe: torch.Tensor, precision: str) -> None:
-    """CompiledModelRefused when the compiled output differs from the eager model's on `probe`
-    by more than the precision allows (relative to the output's largest magnitude)."""
+def load_probe_photos(model_dir: Path) -> torch.Tensor:
+    """The archive's probe: `uint8[N, 3, S, S]` real photos, resized and centre-cropped to the
+    model's input at build time. CompiledModelRefused("missing") when the archive has none."""
+    path = model_dir / PROBE_FILE
+    if not path.is_file():
+        raise CompiledModelRefused("missing", f"{PROBE_FILE} is not in the archive")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def check_answers(compiled: Runner, reference: Runner, probe: torch.Tensor, precision: str) -> None:
+    """CompiledModelRefused("wrong_output") unless the compiled model's answer to every probe photo
+    agrees with the fp32 eager model's within what `precision` allows
+    (handlers.answer_agreement: the criterion the tests use too). A package that fails to run
+    on the probe is refused as well."""
     with torch.inference_mode():
-        expected = eager(probe).float()
-        got = compiled(probe).float()
+        expected = reference(probe).float().softmax(dim=1)
+        try:
+            got = compiled(probe).float()
+        except Exception as error:  # noqa: BLE001 - a package that cannot run the probe is refused
+            raise CompiledModelRefused("wrong_output", f"running the probe photos failed: "
+                                       f"{type(error).__name__}: {error}") from None
     if got.shape != expected.shape:
         raise CompiledModelRefused("wrong_output", f"output shape {tuple(got.shape)}, "
                                                    f"eager {tuple(expected.shape)}")
-    tolerance = (1e-3 if precision == "fp32" else 5e-2) * max(1.0, expected.abs().max().item())
-    difference = (got - expected).abs().max().item()
-    if not difference <= tolerance:  # also catches NaN
-        raise CompiledModelRefused("wrong_output", f"output differs from the eager model by {difference:.3g} "
-                                   f"(allowed {tolerance:.3g})")
+    bound = probability_bound(precision)
+    for photo, (row, expected_row) in enumerate(zip(got.softmax(dim=1), expected, strict=True)):
+        reason = answer_disagreement(top_classes(row, PROBE_TOP_K),
+                                     top_classes(expected_row, PROBE_TOP_K), bound)
+        if reason is not None:
+            raise CompiledModelRefused("wrong_output", f"probe photo {photo} answered differently "
+                                       f"from the fp32 eager model: {reason}")
+
+
+@dataclass(frozen=True)
+class EagerModel:
+    """The eager network a package stands in for: `serve` (at the worker's precision; served when
+    the package is refused), `fp32` (the reference answers), `model_input` (the archive's
+    `uint8[N, 3, S, S]` probe photos -> the network's normalized input)."""
+
+    serve: Runner
+    fp32: Runner
+    model_input: Callable[[torch.Tensor], torch.Tensor]
 
 
 def load_compiled_runner(packages: Sequence[CompiledPackage], model_dir: Path, machine: MachineTarget,
-                         eager: Runner, timeout_s: float) -> ChunkedRunner:
+                         eager: EagerModel, timeout_s: float) -> tuple[ChunkedRunner, CompiledPackage]:
     """The compiled package this worker can run, loaded within `timeout_s` and checked against
-    `eager`; CompiledModelRefused with the reason otherwise."""
+    the eager model on the archive's probe photos; CompiledModelRefused with the reason otherwise."""
     package = package_for(packages, machine)
     path = model_dir / package.file
     if not path.is_file():
         raise CompiledModelRefused("missing", f"{package.file} is not in the archive")
-    compiled = call_with_deadline(lambda: load_aoti_package(path), timeout_s)
-    check_against_eager(compiled, eager, probe_batch(package.target, torch.device(machine.device)),
-                        machine.precision)
-    return ChunkedRunner(compiled, package.target.max_batch_size)
+    probe = eager.model_input(load_probe_photos(model_dir).to(machine.device))
+    compiled = ChunkedRunner(call_with_deadline(lambda: load_aoti_package(path), timeout_s),
+                             package.target.max_batch_size)
+    check_answers(compiled, eager.fp32, probe, machine.precision)
+    return compiled, package
 
 
 def compiled_or_eager(packages: Sequence[CompiledPackage], model_dir: Path, machine: MachineTarget,
-                      eager: Runner, timeout_s: float
-                      ) -> tuple[Runner, RunnerKind, CompiledModelRefused | None]:
-    """(runner, kind, refusal): the compiled model when it may run here, else `eager` with the
+                      eager: EagerModel, timeout_s: float) -> tuple[Runner, RunnerChoice]:
+    """(runner, choice): the compiled model when it may run here, else `eager.serve` with the
     refusal that says why (logged). No packages: eager, no refusal."""
     if not packages:
-        return eager, "eager", None
+        return eager.serve, RunnerChoice("eager")
     try:
-        return load_compiled_runner(packages, model_dir, machine, eager, timeout_s), "aot", None
+        compiled, package = load_compiled_runner(packages, model_dir, machine, eager, timeout_s)
     except CompiledModelRefused as refusal:
         logger.warning("compiled model refused (%s), serving the eager model: %s", refusal.kind,
                        refusal)
-        return eager, "eager", refusal
+        return eager.serve, RunnerChoice("eager", refusal=refusal)
+    return compiled, RunnerChoice("aot", package=package)

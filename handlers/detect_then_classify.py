@@ -61,7 +61,7 @@ class DetectThenClassifyHandler(
                                           self.model_dir / settings.classifier.directory,
                                           settings.classifier.serialized_file, self.device)
         self.labels, self.precision = self.detector.labels, self.detector.precision
-        self.runner, self.compiled_refusal = self.classifier.runner, self.classifier.compiled_refusal
+        self.runners = {"classifier": self.classifier.runner}
 
     def request_options(self, row: Mapping[str, Any], header: HeaderReader
                         ) -> tuple[DetectionOptions, BoxOptions]:

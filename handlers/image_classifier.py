@@ -39,7 +39,7 @@ class ImageClassifierHandler(
                                           required_serialized_file(serialized_file), self.device)
         self.labels, self.precision = self.classifier.labels, self.classifier.precision
         self.network, self.model = self.classifier.network, self.classifier.run
-        self.runner, self.compiled_refusal = self.classifier.runner, self.classifier.compiled_refusal
+        self.runners = {"classifier": self.classifier.runner}
 
     def cache_key_material(self, row: Mapping[str, Any], header: HeaderReader) -> tuple[bytes, str]:
         top_k = parse_top_k(row, header, self.settings.top_k, len(self.labels))

@@ -81,9 +81,11 @@ AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def cpu_has_native_bf16() -> bool:
-    """This CPU computes bf16 in hardware (AVX512-BF16 or AMX), which oneDNN uses for bf16
-    convolutions and matrix products. Elsewhere bf16 is emulated and slower than fp32."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    """This CPU computes bf16 in hardware (AVX512-BF16 or AMX) and oneDNN may use it for bf16
+    convolutions and matrix products (not so under `ONEDNN_MAX_CPU_ISA=AVX2`, which rehearses an
+    AVX2-only CPU). Elsewhere bf16 is emulated, slower than fp32, or not available to oneDNN."""
+    hardware = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return bool(hardware and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def effective_precision(precision: str, device: torch.device, native_cpu_bf16: bool) -> str:

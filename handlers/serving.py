@@ -30,7 +30,7 @@ import torch
 from handlers.batch_record import STAGES, BatchRecord
 from handlers.batching import decode_each, merge_outcomes
 from handlers.cache_settings import parse_cache_section, with_environment
-from handlers.compiled_model import CompiledModelRefused, RunnerKind
+from handlers.compiled_model import CompiledModelRefused, RunnerChoice, RunnerKind
 from handlers.errors import ClientError
 from handlers.inference_protocol import (
     TensorOutput,
@@ -53,6 +53,7 @@ ModelOutput = TypeVar("ModelOutput")
 Settings = TypeVar("Settings")  # a model's HandlerSettings, or a pipeline's settings
 HeaderReader = Callable[[str], "str | None"]
 JSON_CONTENT_TYPE = "application/json"
+DESCRIBE_HEADER = "describe"   # TorchServe's `GET /models/{m}?customized=true` sends "True"
 BATCH_SIZE_HEADER = "X-Batch-Size"
 CACHE_HEADER = "X-Cache"   # hit | near-hit | miss | bypass, when the model has a response cache
 CACHE_HIT, CACHE_NEAR_HIT, CACHE_MISS, CACHE_BYPASS = "hit", "near-hit", "miss", "bypass"
@@ -162,8 +163,9 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
         self.model_version = "0"
         self.max_batch_size = 1
         self.log_batches = True
-        self.runner: RunnerKind = "eager"        # "aot" once `load` accepts a compiled package
-        self.compiled_refusal: CompiledModelRefused | None = None  # why a package was refused
+        # What serves each network with compiled packages ("classifier", or a pipeline's stage
+        # roles), set by `load`: a package, or eager and why.
+        self.runners: dict[str, RunnerChoice] = {}
         self.cache: ResponseCache | None = None  # with `handler.cache` (or TSV_CACHE=on)
         self.cache_namespace = ""
 
@@ -190,13 +192,13 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
         ready = time.perf_counter()
         logger.info(
             "worker ready model=%s version=%s device=%s runner=%s max_batch_size=%d load_ms=%.0f "
-            "warm_up_ms=%.0f startup_ms=%.0f",
+            "warm_up_ms=%.0f startup_ms=%.0f runners=%s",
             self.model_name, self.model_version, self.device, self.runner, self.max_batch_size,
             (warm_up_started - load_started) * 1000, (ready - warm_up_started) * 1000,
-            worker_process_age_ms(),
+            worker_process_age_ms(), json.dumps(self.describe()["runners"], sort_keys=True),
         )
-        if self.compiled_refusal is not None:
-            emit_compiled_model_refusal(getattr(context, "metrics", None), self.compiled_refusal)
+        for refusal in self.compiled_refusals:
+            emit_compiled_model_refusal(getattr(context, "metrics", None), refusal)
         cache_settings = with_environment(parse_cache_section(handler_settings.get("cache")),
                                           os.environ)
         if cache_settings.enabled:
@@ -207,11 +209,31 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
                         cache_settings.ttl_s)
         self.initialized = True
 
+    @property
+    def runner(self) -> RunnerKind:
+        """"aot" when every network with compiled packages serves one, else "eager"."""
+        kinds = {choice.kind for choice in self.runners.values()}
+        return "aot" if kinds == {"aot"} else "eager"
+
+    @property
+    def compiled_refusals(self) -> list[CompiledModelRefused]:
+        return [choice.refusal for choice in self.runners.values() if choice.refusal is not None]
+
+    def describe(self) -> dict[str, Any]:
+        """This worker's answer to `GET /models/{m}/{v}?customized=true` (TorchServe shows it as
+        `customizedMetadata`): device, precision, batch bound, and the runner of each network."""
+        return {"device": str(self.device), "precision": self.precision,
+                "max_batch_size": self.max_batch_size, "runner": self.runner,
+                "runners": {role: choice.describe() for role, choice in self.runners.items()}}
+
     def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> list[bytes]:
         """One JSON body per request, in order; statuses set per request on `context`. A request
         in the Open Inference Protocol's form is answered in that form (see inference_protocol).
         With a response cache, hits are answered without decoding or inference (see
-        `handlers.response_cache`); the rest of the batch runs as usual."""
+        `handlers.response_cache`); the rest of the batch runs as usual. TorchServe's describe
+        request (header `describe: True`, alone in its batch) gets `describe()`."""
+        if context.get_request_header(0, DESCRIBE_HEADER) == "True":
+            return [json.dumps(self.describe()).encode("utf-8")]
         record = BatchRecord(self.model_name, self.model_version, size=len(data), runner=self.runner)
         rows: list[Mapping[str, Any]] = []
         v2_requests: dict[int, V2Request] = {}
@@ -362,7 +384,7 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
     def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
         """Parse the settings into `self.settings`; load the model(s) onto `self.device` (with
         `handlers.classifier_model` / `handlers.detector_model`); set `labels`, `precision`, and
-        `runner` / `compiled_refusal` when a compiled package is involved."""
+        `runners` for the networks that have compiled packages."""
 
     @abstractmethod
     def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> Item:

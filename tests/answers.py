@@ -1,18 +1,16 @@
 """Comparing two classifier answers for the same image (lists of {"index", "probability", ...},
-best first): exactly in fp32; within bf16's rounding when either side ran bf16, whose results
-also depend on the kernels chosen for each batch size and for compiled vs eager code."""
+best first) with the criterion a worker applies to a compiled package at load
+(handlers.answer_agreement): probabilities within the bound of the precisions involved, and the
+same best classes wherever the expected answer is clear by more than rounding can close."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
+from handlers.answer_agreement import answer_disagreement, probability_bound
 from handlers.model_loading import cpu_has_native_bf16, effective_precision
 from torchserve_vision import paths
 from torchserve_vision.model_descriptions import ModelDescription, load_descriptions
-
-FP32_TOLERANCE = 1e-4  # probability, absolute
-BF16_TOLERANCE = 0.03
 
 
 def default_classifier() -> ModelDescription:
@@ -26,19 +24,12 @@ def served_classifier_precision() -> str:
     return effective_precision(asked, torch.device("cpu"), cpu_has_native_bf16())
 
 
+def ranked(answer: list[dict]) -> list[tuple[int, float]]:
+    return [(candidate["index"], candidate["probability"]) for candidate in answer]
+
+
 def assert_same_answer(got: list[dict], expected: list[dict], *precisions: str) -> None:
-    """fp32 on every side: the same classes in the same order, probabilities within 1e-4.
-    Otherwise: the same best class, `got`'s top 3 among `expected`'s top k, and every class both
-    list within 0.03."""
-    if all(precision == "fp32" for precision in precisions):
-        assert [c["index"] for c in got] == [c["index"] for c in expected]
-        tolerance = FP32_TOLERANCE
-    else:
-        assert got[0]["index"] == expected[0]["index"]
-        assert {c["index"] for c in got[:3]} <= {c["index"] for c in expected}
-        tolerance = BF16_TOLERANCE
-    reference = {c["index"]: c["probability"] for c in expected}
-    for candidate in got:
-        if candidate["index"] in reference:
-            assert candidate["probability"] == pytest.approx(reference[candidate["index"]],
-                                                             abs=tolerance)
+    """`got` is `expected` within the rounding of `precisions` (the loosest; fp32 when none)."""
+    bound = probability_bound("fp32", *precisions)
+    reason = answer_disagreement(ranked(got), ranked(expected), bound)
+    assert reason is None, f"{reason}: got {ranked(got)}, expected {ranked(expected)}"

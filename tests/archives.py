@@ -52,10 +52,13 @@ def stage_model_dir(description: ModelDescription, target: Path) -> Path:
     return model_dir
 
 
-def initialized(handler: Handler, model_dir: Path, batch_size: int) -> Handler:
-    """`handler` initialized from an extracted or staged model directory, as a worker would."""
+def initialized(handler: Handler, model_dir: Path, batch_size: int, metrics: Any = None) -> Handler:
+    """`handler` initialized from an extracted or staged model directory, as a worker would
+    (with `metrics`, a stand-in for TorchServe's metrics cache, when given)."""
+    context = archive_context(model_dir, batch_size)
+    context.metrics = metrics
     with process_threads_kept():
-        handler.initialize(archive_context(model_dir, batch_size))
+        handler.initialize(context)
     return handler
 
 
@@ -63,6 +66,6 @@ def load_detector(model_dir: Path, batch_size: int = 4) -> ObjectDetectorHandler
     return initialized(ObjectDetectorHandler(), model_dir, batch_size)
 
 
-def load_classifier_dir(model_dir: Path, batch_size: int = 8) -> ImageClassifierHandler:
+def load_classifier_dir(model_dir: Path, batch_size: int = 8, metrics: Any = None) -> ImageClassifierHandler:
     """A classifier from a staged (not zipped) model directory; see `stage_model_dir`."""
-    return initialized(ImageClassifierHandler(), model_dir, batch_size)
+    return initialized(ImageClassifierHandler(), model_dir, batch_size, metrics)

@@ -7,7 +7,6 @@ are marked `slow` here, as are modules marked `slow` themselves; server tests ar
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from handlers.image_classifier import ImageClassifierHandler
 from tests.archives import load_classifier, load_classifier_dir, stage_model_dir
 from torchserve_vision import paths
 from torchserve_vision.archives.build import build_archive
-from torchserve_vision.model_descriptions import ModelDescription, load_descriptions, parse_description
+from torchserve_vision.model_descriptions import load_descriptions, parse_description
 
 HEAVY_FIXTURES = {"model_store", "classifier"}
 
@@ -27,24 +26,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-def as_built_for_tests(description: ModelDescription) -> ModelDescription:
-    """The models a server starts with, as described (the classifier with its ahead-of-time
-    compiled packages: about a minute to build, and its workers then start in seconds); the
-    models registered on demand (`start: false`) without their compiled packages, which would
-    add about two minutes of compiling (the compiled path is tested on the default classifier)."""
-    if description.start or "compile" not in description.handler_options:
-        return description
-    options = {key: value for key, value in description.handler_options.items() if key != "compile"}
-    return replace(description, handler_options=options)
-
-
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every model of config/models.yaml, built in order into a fresh model store (pipelines
-    after their stages); see `as_built_for_tests`."""
+    """Every model of config/models.yaml as described, built in order into a fresh model store
+    (pipelines after their stages): the classifiers with their ahead-of-time compiled packages
+    (about a minute each to build; their workers then start in seconds), so that every package
+    is checked on the CPU the tests run on."""
     store = tmp_path_factory.mktemp("model_store")
     for description in load_descriptions(paths.MODEL_DESCRIPTIONS):
-        build_archive(as_built_for_tests(description), store)
+        build_archive(description, store)
     return store
 
 

@@ -149,9 +149,14 @@ class TorchServeClient:
     def list_models(self) -> list[dict[str, Any]]:
         return list(self.call("GET", "/models", {"limit": 1000})["models"])
 
-    def describe(self, model: str, version: str | None = "all") -> list[dict[str, Any]]:
-        """One version, "all" versions, or (version None) the default version of `model`."""
-        return list(self.call("GET", f"/models/{model}" + (f"/{version}" if version else "")))
+    def describe(self, model: str, version: str | None = "all",
+                 customized: bool = False) -> list[dict[str, Any]]:
+        """One version, "all" versions, or (version None) the default version of `model`. With
+        `customized` (one version), one of its workers adds `customizedMetadata`: our handlers
+        report their device, precision and the runner of each network (compiled package or
+        eager, and why); the request waits in the model's queue like an inference."""
+        path = f"/models/{model}" + (f"/{version}" if version else "")
+        return list(self.call("GET", path, {"customized": "true"} if customized else None))
 
     def register(self, archive: str, batch_size: int, max_batch_delay_ms: int, initial_workers: int,
                  response_timeout_s: int, startup_timeout_s: int | None = None) -> Any:

@@ -1,6 +1,7 @@
 """Start-up on a real TorchServe: timeouts from config/models.yaml, workers that report their
-start-up time and run the compiled package, and an archive compiled for another target that is
-refused by the worker and served eagerly instead of crashing it."""
+start-up time and run the compiled package (every archive of the store, each network of the
+pipelines too, on the CPU at hand), and an archive compiled for another target that is refused
+by the worker and served eagerly instead of crashing it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.server.http_client import post_image
 from tests.server.logs import wait_for_log
 from torchserve_vision import paths
 from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.rollout import wait_for_workers
 from torchserve_vision.server_process import TorchServeInstance
 
 pytestmark = pytest.mark.server
@@ -91,3 +93,49 @@ def test_an_archive_compiled_for_another_target_is_served_eagerly(server, model_
             or re.search(rf'HandlerCompiledModelRefusals\{{.*ModelName="{name}".*Reason="target"', metrics)
     finally:
         requests.delete(f"{server.management_url}/models/{name}", timeout=60)
+
+
+def cpu_model_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def described_handler(server: TorchServeInstance, model: str, version: str) -> dict:
+    """A worker's own account of what it runs (`models describe --handler`)."""
+    return server.client().describe(model, version, customized=True)[0]["customizedMetadata"]
+
+
+def test_every_archive_serves_its_compiled_packages_on_this_cpu(server, model_store):
+    """Every model of config/models.yaml, registered from the store (one worker each, the ones
+    the server did not start), tells through TorchServe's describe API which runner each of its
+    networks uses: the compiled package wherever the archive has one, on the CPU at hand."""
+    client = server.client()
+    descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
+    registered = []
+    try:
+        for description in descriptions:
+            if not description.start:
+                serving = description.serving
+                client.register(f"{description.name}-{description.version}.mar", serving.batch_size,
+                                serving.max_batch_delay_ms, 1, serving.response_timeout_s)
+                registered.append(description)
+        for description in registered:
+            wait_for_workers(client, description.name, description.version, 1, 240)
+        for description in descriptions:
+            handler = described_handler(server, description.name, description.version)
+            with zipfile.ZipFile(model_store / f"{description.name}-{description.version}.mar") as mar:
+                packaged = [name for name in mar.namelist() if name.endswith(".pt2")]
+            runners = handler["runners"]
+            if description.task == "detection":
+                assert runners == {} and not packaged
+                continue
+            assert packaged, description.name  # every classifier network is built with packages
+            assert runners, description.name
+            for role, runner in runners.items():
+                assert runner["runner"] == "aot", (description.name, role, runner, cpu_model_name())
+                assert runner["precision"] == handler["precision"]
+    finally:
+        for description in registered:
+            client.unregister(description.name, description.version)

@@ -1,5 +1,7 @@
-"""Ahead-of-time compiled packages: the target check, bounded loading, the check against the
-eager model, and a worker that serves eagerly (and correctly) whenever a package is refused."""
+"""Ahead-of-time compiled packages: the target check (CPU capability and the x86-64 level's
+features), bounded loading, the check of a package's answers against the eager model on the
+archive's probe photos, and a worker that serves eagerly (and correctly) whenever a package is
+refused."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import dataclasses
 import json
 import shutil
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,9 @@ from handlers.compiled_model import (
     CompileTarget,
     MachineTarget,
     call_with_deadline,
-    check_against_eager,
+    check_answers,
+    cpu_features,
+    missing_cpu_features,
     package_for,
     target_mismatch,
 )
@@ -29,26 +34,73 @@ from handlers.image_classifier import ImageClassifierHandler
 from tests.answers import assert_same_answer
 from tests.archives import archive_context, load_classifier_dir
 from tests.images import photo_bytes
+from tests.recording_metrics import RecordingMetrics
 
+X86_64_V3 = frozenset({"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi1",
+                       "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
+X86_64_V4 = X86_64_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 TARGET = CompileTarget("2.14.1+cu130", "cpu", "AVX2", "fp32", 8, (3, 224, 224), True)
-MACHINE = MachineTarget("2.14.1+cu130", "cpu", "AVX2", "fp32")
+MACHINE = MachineTarget("2.14.1+cu130", "cpu", "AVX2", "fp32", X86_64_V3)
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg"]
 
 
 @pytest.mark.parametrize(("machine", "reason"), [
     (MACHINE, None),
-    (MachineTarget("2.14.1+cu130", "cpu", "AVX512", "fp32"), None),  # a richer CPU runs AVX2 code
-    (MachineTarget("2.14.1+cu130", "cpu", "DEFAULT", "fp32"), "CPU capability AVX2"),
-    (MachineTarget("2.15.0", "cpu", "AVX2", "fp32"), "torch 2.14.1+cu130"),
-    (MachineTarget("2.14.1+cu130", "cuda", "AVX2", "fp32"), "built for cpu"),
-    (MachineTarget("2.14.1+cu130", "cpu", "AVX2", "bf16"), "built for fp32"),
+    (dataclasses.replace(MACHINE, cpu_capability="AVX512", cpu_features=X86_64_V4), None),
+    (dataclasses.replace(MACHINE, cpu_capability="DEFAULT"), "CPU capability AVX2"),
+    (dataclasses.replace(MACHINE, torch_version="2.15.0"), "torch 2.14.1+cu130"),
+    (dataclasses.replace(MACHINE, device="cuda"), "built for cpu"),
+    (dataclasses.replace(MACHINE, precision="bf16"), "built for fp32"),
 ])
 def test_a_package_runs_only_on_a_machine_that_fits_its_target(machine, reason):
     mismatch = target_mismatch(TARGET, machine)
     if reason is None:
         assert mismatch is None
     else:
-        assert mismatch is not None and reason in mismatch
+        assert mismatch is not None and mismatch.kind == "target" and reason in str(mismatch)
+
+
+@pytest.mark.parametrize("hidden", ["bmi2", "fma", "movbe", "f16c", "abm", "avx2"])
+def test_an_avx2_cpu_that_hides_an_x86_64_v3_feature_cannot_run_avx2_packages(hidden):
+    # ATen still says AVX2 (it asks for AVX2 and FMA only), as on a VM that masks BMI2 or MOVBE.
+    machine = dataclasses.replace(MACHINE, cpu_features=X86_64_V3 - {hidden})
+    refusal = target_mismatch(TARGET, machine)
+    assert refusal is not None and refusal.kind == "cpu_features"
+    assert hidden in str(refusal) and "x86-64-v3" in str(refusal)
+
+
+def test_avx512_packages_need_every_x86_64_v4_feature():
+    avx512 = dataclasses.replace(TARGET, cpu_capability="AVX512")
+    assert missing_cpu_features("AVX512", X86_64_V4) is None
+    assert "avx512vl" in (missing_cpu_features("AVX512", X86_64_V4 - {"avx512vl"}) or "")
+    refusal = target_mismatch(avx512, dataclasses.replace(MACHINE, cpu_capability="AVX512",
+                                                          cpu_features=X86_64_V3))
+    assert refusal is not None and refusal.kind == "cpu_features"
+
+
+def test_unknown_cpu_features_refuse_a_cpu_package():
+    assert "cannot be read" in (missing_cpu_features("AVX2", None) or "")
+
+
+def test_cpu_features_are_read_from_the_first_flags_line(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 bmi2\nbugs\t: x\n\n"
+                       "processor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_features(cpuinfo) == {"fpu", "avx2", "bmi2"}
+    assert cpu_features(tmp_path / "missing") is None
+    assert cpu_features() is not None  # this Linux machine's own
+
+
+def test_the_richest_package_this_cpu_runs_is_chosen():
+    avx2 = CompiledPackage("compiled/model-fp32-avx2.pt2", TARGET)
+    avx512 = CompiledPackage("compiled/model-fp32-avx512.pt2",
+                             dataclasses.replace(TARGET, cpu_capability="AVX512"))
+    rich = dataclasses.replace(MACHINE, cpu_capability="AVX512", cpu_features=X86_64_V4)
+    assert package_for([avx2, avx512], rich) == avx512
+    assert package_for([avx2, avx512], MACHINE) == avx2
+    with pytest.raises(CompiledModelRefused) as refused:
+        package_for([avx2, avx512], dataclasses.replace(MACHINE, cpu_features=X86_64_V3 - {"bmi2"}))
+    assert refused.value.kind == "cpu_features"
 
 
 def test_an_unknown_recorded_capability_is_refused():
@@ -100,14 +152,25 @@ def test_a_slow_or_failing_load_is_refused_within_its_deadline():
     assert refused.value.kind == "load_failed"
 
 
-def test_a_package_whose_output_differs_from_the_eager_model_is_refused():
-    probe = torch.randn(2, 10)
-    check_against_eager(lambda x: x * 2 + 1e-6, lambda x: x * 2, probe, "fp32")
-    with pytest.raises(CompiledModelRefused, match="differs") as refused:
-        check_against_eager(lambda x: x * 2.5, lambda x: x * 2, probe, "fp32")
+def test_a_package_whose_answers_differ_from_the_eager_model_is_refused():
+    probe = torch.randn(3, 10) * 4
+    check_answers(lambda x: x * 2 + 1e-6, lambda x: x * 2, probe, "fp32")
+    check_answers(lambda x: x * 2.02, lambda x: x * 2, probe, "bf16")  # within bf16's rounding
+    for wrong in (lambda x: x * 2.5, lambda x: x.flip(1) * 2, lambda x: x * float("nan")):
+        with pytest.raises(CompiledModelRefused, match="answered differently") as refused:
+            check_answers(wrong, lambda x: x * 2, probe, "fp32")
+        assert refused.value.kind == "wrong_output"
+
+
+def test_a_package_that_cannot_run_the_probe_is_refused():
+    def fails(batch: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("input shape mismatch")
+
+    with pytest.raises(CompiledModelRefused, match="input shape mismatch") as refused:
+        check_answers(fails, lambda x: x, torch.randn(2, 10), "fp32")
     assert refused.value.kind == "wrong_output"
-    with pytest.raises(CompiledModelRefused, match="differs"):
-        check_against_eager(lambda x: x * float("nan"), lambda x: x * 2, probe, "fp32")
+    with pytest.raises(CompiledModelRefused, match="output shape"):
+        check_answers(lambda x: x[:, :5], lambda x: x, torch.randn(2, 10), "fp32")
 
 
 # --- a worker whose package is refused serves eagerly, and correctly --------------------------------
@@ -138,7 +201,9 @@ def reference(classifier: ImageClassifierHandler) -> list[list[dict]]:
 
 def assert_serves_eagerly(handler: ImageClassifierHandler, kind: str, reference: list[list[dict]]) -> None:
     assert handler.runner == "eager" and handler.initialized
-    assert handler.compiled_refusal is not None and handler.compiled_refusal.kind == kind
+    choice = handler.runners["classifier"]
+    assert choice.kind == "eager" and choice.refusal is not None and choice.refusal.kind == kind
+    assert handler.describe()["runners"]["classifier"]["refused"] == kind
     for got, expected in zip(answers(handler), reference, strict=True):
         assert_same_answer(got, expected, handler.precision)
 
@@ -146,7 +211,21 @@ def assert_serves_eagerly(handler: ImageClassifierHandler, kind: str, reference:
 def test_a_package_built_with_another_torch_is_refused(classifier, reference, tmp_path):
     handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m", torch_version="2.0.0"))
     assert_serves_eagerly(handler, "target", reference)
-    assert "torch 2.0.0" in str(handler.compiled_refusal)
+    assert "torch 2.0.0" in str(handler.runners["classifier"].refusal)
+
+
+def test_a_cpu_that_hides_a_feature_of_the_package_serves_eagerly_and_says_so(
+        classifier, reference, tmp_path, monkeypatch, caplog):
+    features = cpu_features()
+    assert features is not None
+    monkeypatch.setattr(compiled_model, "cpu_features", lambda: features - {"movbe"})
+    metrics = RecordingMetrics()
+    with caplog.at_level("WARNING", logger="handlers.compiled_model"):
+        handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m"), metrics=metrics)
+    assert_serves_eagerly(handler, "cpu_features", reference)
+    assert any("compiled model refused (cpu_features)" in r.getMessage() and "movbe" in r.getMessage()
+               for r in caplog.records)
+    assert metrics.counters == [("HandlerCompiledModelRefusals", 1, {"Reason": "cpu_features"})]
 
 
 def test_a_cpu_without_the_package_instruction_set_serves_eagerly(classifier, reference, tmp_path,
@@ -181,3 +260,33 @@ def test_a_package_with_wrong_answers_is_refused(classifier, reference, tmp_path
                         lambda path: (lambda batch: torch.zeros(batch.shape[0], 1000)))
     handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m"))
     assert_serves_eagerly(handler, "wrong_output", reference)
+
+
+# --- a package that is not the archive's model is refused ------------------------------------------
+def test_a_package_that_does_not_hold_the_archive_weights_is_refused(classifier, tmp_path):
+    # The archive's weights altered as a later checkpoint would differ (its classifier head
+    # perturbed by 30% of its spread), its packages kept: they no longer compute this model.
+    model_dir = model_dir_copy(classifier, tmp_path / "m")
+    weights_path = model_dir / classifier.model_dir.joinpath("MAR-INF", "MANIFEST.json").read_text(
+        ).split('"serializedFile": "')[1].split('"')[0]
+    state = torch.load(weights_path, weights_only=True)
+    head = state["classifier.weight"]
+    generator = torch.Generator().manual_seed(0)
+    state["classifier.weight"] = head + 0.3 * head.std() * torch.randn(head.shape, generator=generator)
+    torch.save(state, weights_path)
+    handler = load_classifier_dir(model_dir)
+    refusal = handler.runners["classifier"].refusal
+    assert handler.runner == "eager" and refusal is not None and refusal.kind == "wrong_output"
+    assert "probe photo" in str(refusal)
+
+
+def test_a_package_built_for_another_model_is_refused(classifier, model_store, tmp_path):
+    # EfficientNet-Lite1's packages (240 px input) in the Lite0 archive (224 px).
+    model_dir = model_dir_copy(classifier, tmp_path / "m")
+    with zipfile.ZipFile(model_store / "efficientnet_lite1-1.0.mar") as lite1:
+        for package in (model_dir / "compiled").glob("*.pt2"):
+            package.write_bytes(lite1.read(f"compiled/{package.name}"))
+    handler = load_classifier_dir(model_dir)
+    refusal = handler.runners["classifier"].refusal
+    assert handler.runner == "eager" and refusal is not None and refusal.kind == "wrong_output"
+    assert answers(handler)[1][0]["label"] == "espresso"

@@ -80,3 +80,14 @@ def test_an_image_over_the_pixel_limit_is_a_413_for_that_request_only(classifier
 
 def test_top_k_comes_from_the_archive_settings(classifier):
     assert len(solo(classifier, photo_bytes("astronaut.png"))) == classifier.settings.top_k == 5
+
+
+def test_torchserve_describe_request_gets_the_worker_runner_and_no_prediction(classifier):
+    # What TorchServe sends for GET /models/{m}/{v}?customized=true: one row, header describe=True.
+    context = archive_context(classifier.model_dir, request_headers=[{"describe": "True"}])
+    (body,) = classifier.handle([{"body": bytearray()}], context)
+    described = json.loads(body)
+    assert described["device"] == "cpu" and described["precision"] == classifier.precision
+    runner = described["runners"]["classifier"]
+    assert runner["runner"] == "aot" and runner["package"].startswith("compiled/model-")
+    assert runner["precision"] == classifier.precision and runner["cpu_capability"] == "AVX2"

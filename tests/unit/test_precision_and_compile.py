@@ -106,7 +106,7 @@ def test_the_compiled_classifier_runs_its_package_at_every_batch_size_and_matche
     from torch._dynamo.utils import counters
 
     assert DEFAULT_CLASSIFIER.handler_options.get("compile")
-    assert classifier.runner == "aot" and classifier.compiled_refusal is None
+    assert classifier.runner == "aot" and classifier.runners["classifier"].refusal is None
     graphs_before = counters["stats"]["unique_graphs"]
     reference = answers(eager_fp32, photos)
     for count in (1, 2, 3, 5, 2, 1):

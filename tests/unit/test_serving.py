@@ -14,6 +14,7 @@ from handlers.image_classifier import ImageClassifierHandler
 from handlers.serving import emit_batch_metrics
 from tests.archives import archive_context
 from tests.images import photo_bytes
+from tests.recording_metrics import RecordingMetrics
 from torchserve_vision.lab.local_handler import LocalContext
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
@@ -83,17 +84,6 @@ def test_payloads_never_reach_the_log(tiny_classifier, caplog):
     with caplog.at_level(logging.DEBUG):
         answers(tiny_classifier, [{"body": bytearray(marker)}, {"body": {"data": "UFJJVkFURQ=="}}])
     assert "PRIVATE-PAYLOAD" not in caplog.text and "UFJJVkFURQ" not in caplog.text
-
-
-class RecordingMetrics:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, float, dict]] = []
-
-    def add_metric(self, name, value, unit, idx=None, dimensions=(), metric_type=None):
-        self.calls.append((name, value, {d.name: d.value for d in dimensions}))
-
-    def add_counter(self, name, value, idx=None, dimensions=()):
-        self.calls.append((name, value, {d.name: d.value for d in dimensions}))
 
 
 def test_metrics_carry_batch_size_stage_times_and_rejections_by_reason():

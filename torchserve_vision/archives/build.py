@@ -21,7 +21,7 @@ import torch
 import yaml
 
 import handlers
-from handlers.compiled_model import CompiledPackage
+from handlers.compiled_model import COMPILED_DIRECTORY, CompiledPackage
 from handlers.model_loading import create_architecture, load_model, load_state_dict_model
 from handlers.settings import (
     ModelSource,
@@ -172,7 +172,7 @@ def compile_request(description: ModelDescription) -> CompileRequest | None:
                                                   "architecture": description.architecture}})
     size = parsed.input_size
     return CompileRequest(parsed.precision, settings.cpu_target, description.serving.batch_size,
-                          (3, size, size), parsed.channels_last)
+                          (3, size, size), parsed.channels_last, parsed.resize_size)
 
 
 def compiled_packages(description: ModelDescription, request: CompileRequest | None,
@@ -229,7 +229,7 @@ def stage_files(description: ModelDescription, staging: Path) -> Path:
     shutil.copytree(HANDLER_PACKAGE, extra / "handlers",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (extra / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
-    packages = compiled_packages(description, request, num_classes, weights, extra / "compiled")
+    packages = compiled_packages(description, request, num_classes, weights, extra / COMPILED_DIRECTORY)
     model_yaml = {**frontend_settings(description.serving),
                   "handler": handler_section(description, num_classes, packages)}
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")

@@ -17,8 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from handlers.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
+from handlers.compiled_model import CPU_TARGETS, PROBE_FILE, CompiledPackage, CompileTarget
+from handlers.decode import decode_image_bytes
 from handlers.model_loading import AUTOCAST_DTYPES
+from handlers.settings import ImageLimits
+from handlers.transforms import resize_and_center_crop
+from torchserve_vision.photos import PROBE_PHOTOS, photo_path
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class CompileRequest:
     max_batch_size: int
     input_shape_chw: tuple[int, int, int]
     channels_last: bool
+    resize_size: int                # the classifier's resize before its centre crop (probe photos)
 
 
 class AutocastForward(nn.Module):
@@ -58,8 +63,12 @@ def example_batch(request: CompileRequest) -> torch.Tensor:
 
 
 def inductor_configs(cpu_target: str) -> dict[str, Any]:
+    """Freezing, the named CPU target, and input checks that accept batch 1: torch.export records
+    a dynamic dimension as 2..max (sizes 0 and 1 are specialised away while tracing), but the
+    generated code is the same for 1, which the tests check against the eager model."""
     target = CPU_TARGETS[cpu_target]
-    return {"freezing": True, "cpp.march": target.march, "cpp.simdlen": target.simdlen}
+    return {"freezing": True, "cpp.march": target.march, "cpp.simdlen": target.simdlen,
+            "aot_inductor.check_lowerbound": False}
 
 
 def compile_package(model: nn.Module, request: CompileRequest, precision: str, path: Path) -> CompiledPackage:
@@ -82,9 +91,19 @@ def compile_package(model: nn.Module, request: CompileRequest, precision: str, p
     return CompiledPackage(f"{path.parent.name}/{path.name}", target)
 
 
+def probe_photos(resize_size: int, input_size: int) -> torch.Tensor:
+    """`uint8[N, 3, input_size, input_size]`: the probe photos (photos.PROBE_PHOTOS), decoded,
+    resized and centre-cropped as the classifier's worker does."""
+    images = [decode_image_bytes(photo_path(name).read_bytes(), ImageLimits()) for name in PROBE_PHOTOS]
+    return torch.stack([resize_and_center_crop(image, resize_size, input_size) for image in images])
+
+
 def compile_packages(model: nn.Module, request: CompileRequest, directory: Path) -> list[CompiledPackage]:
-    """Every package `request` asks for, written into `directory`."""
+    """Every package `request` asks for, written into `directory`, with the probe photos a worker
+    checks a package's answers on before it serves it (handlers.compiled_model.check_answers)."""
     directory.mkdir(parents=True, exist_ok=True)
+    torch.save(probe_photos(request.resize_size, request.input_shape_chw[1]),
+               directory.parent / PROBE_FILE)
     model = model.eval()
     if request.channels_last:
         model = model.to(memory_format=torch.channels_last)

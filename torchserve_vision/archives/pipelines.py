@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from handlers.compiled_model import COMPILED_DIRECTORY
 from handlers.pipeline_settings import parse_cascade_settings, parse_detect_classify_settings
 from handlers.settings import SettingsError
 from torchserve_vision.model_descriptions import ENTRY_MODULES, ModelDescription
@@ -59,10 +60,11 @@ def copy_stage(description: ModelDescription, role: str, mar_path: Path,
         handler = yaml.safe_load((unpacked / manifest["configFile"]).read_text())["handler"]
         target.mkdir(parents=True)
         serialized = manifest["serializedFile"]
-        for relative in [serialized, handler["labels_file"],
-                         *(package["file"] for package in handler.get("compiled_packages", []))]:
+        for relative in [serialized, handler["labels_file"]]:
             (target / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(unpacked / relative, target / relative)
+        if handler.get("compiled_packages"):  # the packages and the probe photos they are checked on
+            shutil.copytree(unpacked / COMPILED_DIRECTORY, target / COMPILED_DIRECTORY)
     return {"archive": mar_path.stem, "directory": f"stages/{role}", "serialized_file": serialized,
             "handler": handler}
 

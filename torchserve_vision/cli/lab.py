@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from handlers.compiled_model import CPU_TARGETS
 from torchserve_vision import paths
 from torchserve_vision.cli.common import (
     DEFAULT_MODEL,
@@ -28,6 +29,7 @@ from torchserve_vision.lab import (
     compile_speed,
     loadgen,
     near_duplicates,
+    precision_spread,
     profile,
     rolling_update,
     rollout_drill,
@@ -35,6 +37,7 @@ from torchserve_vision.lab import (
     sweep,
     tune,
 )
+from torchserve_vision.lab.batch_log import ServedBreakdown
 from torchserve_vision.lab.benchmark_images import SIZES, benchmark_jpeg
 from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.photos import photo_path
@@ -52,7 +55,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "load, profile, sweep, tune, compare, measure", DESCRIPTION)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_compile_speed,
-                add_startup, add_rollout_drill, add_plan,
+                add_precision, add_startup, add_rollout_drill, add_plan,
                 add_rolling_update, add_cascade, add_cache, add_near_duplicates):
         add(actions)
 
@@ -231,12 +234,16 @@ def add_compare(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--duration", type=float, default=20.0)
     image_size_flag(parser)
+    parser.add_argument("--model-log", type=Path, default=paths.RUN_DIR / "logs" / "model_log.log",
+                        help="the server's model_log.log, read for the served / in-process "
+                             "breakdown (default: the demo server's)")
     parser.set_defaults(run=run_compare)
 
 
 def run_compare(args: argparse.Namespace) -> int:
     result = compare.compare(client_from(args), args.model_store, args.model,
-                             benchmark_jpeg(args.image_size), args.clients, args.duration)
+                             benchmark_jpeg(args.image_size), args.clients, args.duration,
+                             args.model_log)
     result["image"] = args.image_size
     if args.json:
         print(json.dumps(result, indent=2))
@@ -250,6 +257,8 @@ def run_compare(args: argparse.Namespace) -> int:
           f"{result['in_process_model_batching_gain']:.2f}x")
     for name, value in result["ratios"].items():
         print(f"  {name:45s} {value:7.2f}")
+    if result["served_breakdown"]:
+        print("  " + ServedBreakdown(**result["served_breakdown"]).table().replace("\n", "\n  "))
     return 0
 
 
@@ -264,13 +273,47 @@ def add_compile_speed(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--targets", nargs="+", choices=sorted(CPU_TARGETS),
+                        help="instead: build the archive's network for these CPU targets (and "
+                             "--precisions) and time the packages against each other")
+    parser.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
     parser.set_defaults(run=run_compile_speed)
 
 
 def run_compile_speed(args: argparse.Namespace) -> int:
-    speed = compile_speed.measure_compile_speed(args.archive, args.threads, args.batch_sizes,
-                                                args.repeats, args.rounds)
+    speed: compile_speed.CompileSpeed | compile_speed.TargetSpeed
+    if args.targets:
+        speed = compile_speed.measure_cpu_targets(args.archive, args.targets, args.precisions,
+                                                  args.threads, args.batch_sizes, args.repeats,
+                                                  args.rounds)
+    else:
+        speed = compile_speed.measure_compile_speed(args.archive, args.threads, args.batch_sizes,
+                                                    args.repeats, args.rounds)
     print(json.dumps(asdict(speed), indent=2) if args.json else speed.table())
+    return 0
+
+
+# --- precision ----------------------------------------------------------------------------------
+PRECISION_ARCHIVES = ("efficientnet_lite0-1.0.mar", "efficientnet_lite1-1.0.mar",
+                      "efficientnet_lite2-1.0.mar")
+
+
+def add_precision(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "precision",
+                        "how far bf16 and compiled packages move answers, on real photos",
+                        precision_spread.__doc__ or "", [json_flag()])
+    parser.add_argument("archives", type=Path, nargs="*",
+                        default=[paths.MODEL_STORE / name for name in PRECISION_ARCHIVES],
+                        help="classifier archives (default: EfficientNet-Lite0/1/2 in model_store/)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.set_defaults(run=run_precision)
+
+
+def run_precision(args: argparse.Namespace) -> int:
+    spreads = [spread for archive in args.archives
+               for spread in precision_spread.measure_archive(archive, args.threads)]
+    print(json.dumps([asdict(s) for s in spreads], indent=2) if args.json
+          else precision_spread.spreads_table(spreads))
     return 0
 
 

@@ -43,6 +43,7 @@ and safe versioned rollouts and rollbacks (each undone on failure, recorded for 
 
   torchserve-vision models list
   torchserve-vision models describe efficientnet_lite0 --json
+  torchserve-vision models describe efficientnet_lite0 --version default --handler   # what it runs
   torchserve-vision models register efficientnet_lite0-2.0.mar --batch-size 8 --workers 1
   torchserve-vision models scale efficientnet_lite0 --version 2.0 --min 2 --max 2
   torchserve-vision models scale efficientnet_lite0 --workers-per-gpu 2
@@ -70,6 +71,14 @@ def describe_lines(description: dict[str, Any]) -> list[str]:
     for worker in description.get("workers", []):
         device = f"GPU {worker.get('gpuUsage')}" if worker.get("gpu") else "CPU"
         lines.append(f"  worker {worker['id']}: {worker['status']}, pid {worker.get('pid')}, {device}")
+    handler = description.get("customizedMetadata")
+    if isinstance(handler, dict):
+        lines.append(f"  a worker's handler: {handler.get('device')}, {handler.get('precision')}")
+        for role, runner in (handler.get("runners") or {}).items():
+            detail = (f"{runner.get('package')} ({runner.get('cpu_capability')}, {runner.get('precision')})"
+                      if "package" in runner else f"refused {runner.get('refused')}: {runner.get('reason')}"
+                      if "refused" in runner else "no compiled package")
+            lines.append(f"    {role}: {runner.get('runner')}, {detail}")
     return lines
 
 
@@ -120,7 +129,10 @@ def command_list(client: TorchServeClient, args: argparse.Namespace) -> None:
 
 
 def command_describe(client: TorchServeClient, args: argparse.Namespace) -> None:
-    described = client.describe(args.model, args.version)
+    if args.handler and args.version == "all":
+        raise RolloutError("--handler asks one version's worker: give --version (or 'default')")
+    version = None if args.version == "default" else args.version
+    described = client.describe(args.model, version, customized=args.handler)
     show(described, args.json, [line for d in described for line in describe_lines(d)])
 
 
@@ -236,7 +248,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     actions.add_parser("list", parents=[common], help="models, versions, workers, queues")
     describe = actions.add_parser("describe", parents=[common], help="one model's versions")
     describe.add_argument("model")
-    describe.add_argument("--version", default="all")
+    describe.add_argument("--version", default="all", help="a version, 'all' or 'default'")
+    describe.add_argument("--handler", action="store_true",
+                          help="also ask a worker of the version what its handler runs: device, "
+                               "precision, and each network's runner (compiled package or eager, "
+                               "and why)")
     register = actions.add_parser("register", parents=[common], help="register an archive")
     register.add_argument("archive", help="a .mar file name in the model store")
     add_workers(register, with_total=True)

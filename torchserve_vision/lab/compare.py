@@ -2,7 +2,8 @@
 handler serving the same weights with the same batch settings, vs our handler at batch size 1,
 vs our handler path in-process (no server). Prints the ratios:
 ours / built-in, batched / batch-1, served / in-process (the in-process handler path of one
-worker, times the number of workers).
+worker, times the number of workers), and where the served / in-process gap goes (busy x batch
+size x contention, from the workers' batch log lines: see batch_log.py).
 
     bash scripts/demo.sh            # a running server with the model API on
     torchserve-vision lab compare --clients 16 --duration 20 --image-size small
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ import torch
 
 from torchserve_vision.archives.versions import archive_manifest
 from torchserve_vision.client import TorchServeClient
+from torchserve_vision.lab.batch_log import ServedBreakdown, logged_batches, served_breakdown
+from torchserve_vision.lab.batch_model import BatchTimeFit
 from torchserve_vision.lab.loadgen import LoadTarget, Report, run_closed_loop
 from torchserve_vision.lab.profile import profile_archive
 from torchserve_vision.model_descriptions import ServingSettings, resolve_labels
@@ -81,16 +85,35 @@ def unregister_all(client: TorchServeClient, model_name: str) -> None:
         client.unregister(model_name, version["modelVersion"])
 
 
-def drive(client: TorchServeClient, model: str, image: bytes, clients: int, duration_s: float) -> Report:
+def drive(client: TorchServeClient, model: str, image: bytes, clients: int, duration_s: float,
+          window: list[datetime] | None = None) -> Report:
+    """Closed-loop load after a short warm-up; `window` (when given) receives the start and end
+    of the measured part, as the server's log clock (this machine's local time) reads them."""
     target = LoadTarget(f"{client.inference_url}/predictions/{model}", [image])
     run_closed_loop(target, clients, min(3.0, duration_s), 10**6)  # warm up
+    started = datetime.now()
     report = run_closed_loop(target, clients, duration_s, 10**7)
+    if window is not None:
+        window[:] = [started, datetime.now()]
     print(f"  {model}, {clients} clients: {report.table()}", file=sys.stderr, flush=True)
     return report
 
 
+def breakdown_of(model_log: Path, model: str, version: str, window: list[datetime],
+                 fit: BatchTimeFit, full_batch: int) -> ServedBreakdown | None:
+    """The served / in-process breakdown of `model`'s batches logged within `window`, or None
+    when the log is not on this machine (a remote server) or holds no batch lines."""
+    if not model_log.is_file():
+        return None
+    with model_log.open(encoding="utf-8", errors="replace") as lines:
+        batches = [batch for batch in logged_batches(lines, model, version)
+                   if window[0] <= batch.at <= window[1]]
+    window_s = (window[1] - window[0]).total_seconds()
+    return served_breakdown(batches, fit, full_batch, window_s) if batches else None
+
+
 def compare(client: TorchServeClient, store: Path, model: str, image: bytes, clients: int,
-            duration_s: float) -> dict[str, Any]:
+            duration_s: float, model_log: Path) -> dict[str, Any]:
     current = default_version(client, model)
     if current is None:
         raise SystemExit(f"{model} is not served at {client.management_url}: run scripts/demo.sh")
@@ -99,8 +122,9 @@ def compare(client: TorchServeClient, store: Path, model: str, image: bytes, cli
     register(client, store, builtin_archive, BUILTIN, settings)
     register(client, store, current["modelUrl"], BATCH_ONE,
              ServingSettings(1, 0, settings.min_workers, settings.max_workers, settings.response_timeout_s))
+    ours_window: list[datetime] = []
     try:
-        reports = {"ours": drive(client, model, image, clients, duration_s),
+        reports = {"ours": drive(client, model, image, clients, duration_s, ours_window),
                    "builtin": drive(client, BUILTIN, image, clients, duration_s),
                    "ours_batch1": drive(client, BATCH_ONE, image, clients, duration_s),
                    "ours_one_client": drive(client, model, image, 1, duration_s),
@@ -118,6 +142,8 @@ def compare(client: TorchServeClient, store: Path, model: str, image: bytes, cli
     in_process_rps = profile.throughput_rps("handler", settings.batch_size) * settings.min_workers
     in_process_one_ms = profile.handler_ms[0]
     ours = reports["ours"].throughput_rps
+    breakdown = breakdown_of(model_log, model, current["modelVersion"], ours_window,
+                             profile.handler_fit, settings.batch_size)
     return {
         "settings": asdict(settings), "clients": clients,
         "throughput_rps": {name: report.throughput_rps for name, report in reports.items()},
@@ -128,6 +154,7 @@ def compare(client: TorchServeClient, store: Path, model: str, image: bytes, cli
         "in_process_model_batching_gain": profile.throughput_rps("model", settings.batch_size)
         / profile.throughput_rps("model", 1),
         "in_process_batch1_handler_ms": in_process_one_ms,
+        "served_breakdown": asdict(breakdown) if breakdown else None,
         "ratios": {
             "ours_over_builtin": ours / max(report.throughput_rps for name, report in reports.items()
                                             if name in ("builtin", "builtin_1_worker")),

@@ -5,6 +5,7 @@ torch.compile warm-up took here.
 
     torchserve-vision lab compile-speed              # model_store/efficientnet_lite0-1.0.mar
     torchserve-vision lab compile-speed --threads 1 --batch-sizes 1 8 --repeats 30
+    torchserve-vision lab compile-speed --targets avx2 avx512   # packages per CPU target
 
 Interleaved rounds (eager, compiled, package, for each batch size) so machine noise hits all three.
 """
@@ -91,3 +92,59 @@ def measure_compile_speed(archive: Path, threads: int, batch_sizes: Sequence[int
                     timings.setdefault((name, b), []).append(ms_per_batch(forward, batch, repeats))
     best = {name: {b: min(timings[(name, b)]) for b in batch_sizes} for name in RUNNERS}
     return CompileSpeed(threads, list(batch_sizes), warm_up_s, best)
+
+
+# --- CPU targets: is a package built for this CPU's richer instruction set faster? ----------------
+@dataclass
+class TargetSpeed:
+    threads: int
+    batch_sizes: list[int]
+    best_ms: dict[str, dict[int, float]]    # "<precision>-<target>" -> batch size -> best ms
+
+    def table(self) -> str:
+        names = list(self.best_ms)
+        lines = [f"{'batch':>5} " + " ".join(f"{name:>13}" for name in names)]
+        for b in self.batch_sizes:
+            lines.append(f"{b:>5} " + " ".join(f"{self.best_ms[name][b]:>10.1f} ms" for name in names))
+        for precision in sorted({name.split("-")[0] for name in names}):
+            baseline = f"{precision}-avx2"
+            for name in names:
+                if name.startswith(f"{precision}-") and name != baseline and baseline in self.best_ms:
+                    ratios = ", ".join(f"batch {b}: {self.best_ms[baseline][b] / self.best_ms[name][b]:.2f}x"
+                                       for b in self.batch_sizes)
+                    lines.append(f"{name} vs {baseline} (speed): {ratios}")
+        return "\n".join(lines)
+
+
+def measure_cpu_targets(archive: Path, targets: Sequence[str], precisions: Sequence[str], threads: int,
+                        batch_sizes: Sequence[int], repeats: int, rounds: int) -> TargetSpeed:
+    """Build the archive's network as a package for each CPU target x precision (as the archive
+    builder does, into a temporary folder), then time them interleaved; best of `rounds`."""
+    from torchserve_vision.archives.compile_ahead import CompileRequest, compile_package
+
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = extract_archive(archive, Path(tmp) / "model")
+        context = archive_context(model_dir)
+        settings = parse_classifier_settings((context.model_yaml_config or {})["handler"])
+        weights = model_dir / context.manifest["model"]["serializedFile"]
+        network = load_model(settings.model, weights, torch.device("cpu"))
+        network = network.to(memory_format=torch.channels_last) if settings.channels_last else network
+        size = settings.input_size
+        forwards: dict[str, Forward] = {}
+        for precision in precisions:
+            for target in targets:
+                request = CompileRequest(precision, target, max(batch_sizes), (3, size, size),
+                                         settings.channels_last, settings.resize_size)
+                path = Path(tmp) / f"{precision}-{target}.pt2"
+                compile_package(network, request, precision, path)
+                forwards[f"{precision}-{target}"] = load_aoti_package(path)
+        batches = {b: torch.randn(b, 3, size, size).contiguous(memory_format=torch.channels_last)
+                   for b in batch_sizes}
+        timings: dict[tuple[str, int], list[float]] = {}
+        for _ in range(rounds):
+            for b, batch in batches.items():
+                for name, forward in forwards.items():
+                    timings.setdefault((name, b), []).append(ms_per_batch(forward, batch, repeats))
+    best = {name: {b: min(timings[(name, b)]) for b in batch_sizes} for name in forwards}
+    return TargetSpeed(threads, list(batch_sizes), best)

@@ -38,6 +38,7 @@ class LocalContext:
         self.statuses: dict[int, tuple[int, str]] = {}
         self.content_types: dict[int, str] = {}
         self.response_headers: dict[int, dict[str, str]] = {}
+        self.metrics: Any = None   # TorchServe's metrics cache; a recorder in tests
 
     @property
     def system_properties(self) -> dict[str, Any]:

@@ -1,0 +1,84 @@
+"""Do two classifier answers for the same image agree, within what a precision's rounding allows?
+
+One criterion, used by a worker's load-time check of a compiled package (handlers.compiled_model)
+and by the tests: compare the *answers* (class probabilities, best first) with the fp32 eager
+model's, not raw logits. A reduced precision (or another kernel, batch size or CPU) moves every
+probability a little; a wrong model moves them a lot, and changes the best class of photos whose
+answer is clear.
+
+The bounds hold for photos of what the model was trained on (docs/precision.md has the figures;
+`torchserve-vision lab precision` measures them on any CPU). bf16 keeps 8 significant bits
+(relative rounding 2^-9); through EfficientNet's ~100 layers its logits moved by up to 1.0 and
+its probabilities by up to 0.081 against fp32, over 6 photos x 4 orientations x Lite0/1/2 x batch
+1 and 8 x eager and compiled; an AMX Xeon showed 0.032. The bound, 0.15, is about twice the worst
+seen. fp16 keeps three more bits (8x finer rounding): 0.15 / 8, rounded up. fp32 differs only in
+summation order between kernels (measured under 1e-5). Far from the training photos (micrographs,
+drawings, scans) bf16 moved probabilities by up to 0.49: no bound holds there, and such
+deployments should serve fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+# The largest change of any class probability (absolute) that a precision's rounding may cause,
+# against the fp32 eager model.
+PROBABILITY_BOUNDS = {"fp32": 1e-4, "fp16": 0.02, "bf16": 0.15}
+
+# (class index, probability), best first: the top k of one answer.
+RankedClasses = Sequence[tuple[int, float]]
+
+
+def top_classes(probabilities: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    """`float[C]` probabilities of one image -> its k best (class index, probability), best first."""
+    values, indices = probabilities.topk(min(k, probabilities.shape[-1]))
+    return list(zip(indices.tolist(), values.tolist(), strict=True))
+
+
+def probability_bound(*precisions: str) -> float:
+    """The bound for answers computed in `precisions` (the loosest of them)."""
+    return max(PROBABILITY_BOUNDS[precision] for precision in precisions)
+
+
+def probability_disagreement(got: RankedClasses, reference: RankedClasses, bound: float) -> str | None:
+    """Why `got` cannot be `reference` computed with rounding of at most `bound`, or None.
+
+    Every class both list moves by at most `bound`; a class only one lists is at most `bound`
+    above the other's last (else the other would list it). NaN never agrees."""
+    got_p, reference_p = dict(got), dict(reference)
+    for index, probability in got:
+        expected = reference_p.get(index)
+        if expected is not None and not abs(probability - expected) <= bound:
+            return f"class {index}: probability {probability:.4f}, expected {expected:.4f} (+-{bound:g})"
+    for listed, other, other_p in ((got, reference, reference_p), (reference, got, got_p)):
+        floor = other[-1][1] + bound
+        for index, probability in listed:
+            if index not in other_p and not probability <= floor:
+                return f"class {index}: probability {probability:.4f} is missing from the other answer"
+    return None
+
+
+def ranking_disagreement(got: RankedClasses, reference: RankedClasses, bound: float) -> str | None:
+    """Why `got` ranks classes differently from `reference` where rounding of `bound` cannot
+    explain it, or None: wherever the reference's gap between rank r and r + 1 exceeds twice the
+    bound, both answers have the same r + 1 best classes (for r = 0: a clear photo keeps its
+    best class)."""
+    for rank in range(min(len(got), len(reference) - 1)):
+        gap = reference[rank][1] - reference[rank + 1][1]
+        best = {index for index, _ in reference[:rank + 1]}
+        if gap > 2 * bound and {index for index, _ in got[:rank + 1]} != best:
+            return (f"the {rank + 1} best classes are {[index for index, _ in got[:rank + 1]]}, "
+                    f"expected {sorted(best)} (clear by {gap:.4f})")
+    return None
+
+
+def answer_disagreement(got: RankedClasses, reference: RankedClasses, bound: float) -> str | None:
+    """Why `got` is not `reference`'s answer within `bound`, or None. Both hold at least one
+    class. The ranking is checked first for its message (a clear photo's best class changed);
+    probabilities within the bound imply it."""
+    if not got or not reference:
+        raise ValueError("answers to compare hold at least one class each")
+    return (ranking_disagreement(got, reference, bound)
+            or probability_disagreement(got, reference, bound))

@@ -1,0 +1,57 @@
+"""Reading the workers' batch log lines and splitting served / in-process into busy x batch size x
+contention (torchserve_vision/lab/batch_log.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torchserve_vision.lab.batch_log import logged_batches, served_breakdown
+from torchserve_vision.lab.batch_model import BatchTimeFit
+
+FIT = BatchTimeFit(t_fixed_ms=8.0, t_img_ms=4.0, rms_error_ms=0.0, r_squared=1.0)  # t(8) = 40 ms
+
+
+def line(at: str, worker: int, model: str, size: int, inference_ms: float) -> str:
+    record = {"model": model, "size": size, "stage_ms": {"decode": 1.0, "inference": inference_ms}}
+    return (f"2026-11-23T20:01:{at} [INFO ] W-{worker}-{model}_1.0-stdout MODEL_LOG - batch "
+            f"{json.dumps(record)}\n")
+
+
+def test_batch_lines_of_one_model_version_are_read_with_their_worker_and_handler_time():
+    lines = [line("17,977", 9000, "efficientnet_lite0", 8, 39.0),
+             line("18,001", 9001, "efficientnet_lite0_batch1", 1, 11.0),
+             "2026-11-23T20:01:18,100 [INFO ] W-9000-efficientnet_lite0_1.0-stdout MODEL_LOG - "
+             "worker ready\n",
+             line("18,200", 9001, "efficientnet_lite0", 4, 23.0)]
+    batches = logged_batches(lines, "efficientnet_lite0", "1.0")
+    assert [(b.worker, b.size, b.handler_ms) for b in batches] == [("9000", 8, 40.0), ("9001", 4, 24.0)]
+    assert batches[0].at.microsecond == 977000
+
+
+def test_full_batches_at_the_in_process_speed_with_workers_always_busy_are_the_in_process_path():
+    lines = [line(f"{i:02d},000", 9000 + i % 2, "m", 8, 39.0) for i in range(20)]
+    batches = logged_batches(lines, "m", "1.0")
+    breakdown = served_breakdown(batches, FIT, 8, window_s=0.4)   # 10 batches x 40 ms per worker
+    assert breakdown.busy == pytest.approx(1.0)
+    assert breakdown.batch_size_factor == pytest.approx(1.0)
+    assert breakdown.contention_factor == pytest.approx(1.0)
+    assert breakdown.served_over_in_process == pytest.approx(1.0)
+
+
+def test_half_full_batches_slower_than_in_process_on_half_busy_workers_multiply_out():
+    # Batches of 4: t(4) = 24 ms in-process (6 ms a request vs 5 at 8), served in 48 ms (2x slower).
+    batches = logged_batches([line(f"{i:02d},000", 9000, "m", 4, 47.0) for i in range(10)], "m", "1.0")
+    breakdown = served_breakdown(batches, FIT, 8, window_s=0.96)   # 480 ms busy of 960
+    assert breakdown.busy == pytest.approx(0.5)
+    assert breakdown.batch_size_factor == pytest.approx(5 / 6)
+    assert breakdown.contention_factor == pytest.approx(0.5)
+    served_rps, in_process_rps = 40 / 0.96, 8 / 0.040
+    assert breakdown.served_over_in_process == pytest.approx(served_rps / in_process_rps)
+    assert breakdown.mean_batch_size == 4 and breakdown.batch_sizes == {4: 10}
+
+
+def test_no_batches_is_an_error_that_says_why():
+    with pytest.raises(ValueError, match="log_batches"):
+        served_breakdown([], FIT, 8, 1.0)

@@ -4,10 +4,12 @@ and loading it safely.
 `torchserve-vision build` compiles the model with AOTInductor into `.pt2` packages inside the
 archive (one per precision), with one dynamic batch dimension 1..max_batch_size, and records
 the target of each: torch version, device, CPU instruction set, precision, input shape. A worker
-never compiles. At load it checks the recorded target against this machine, loads the package
-(bounded in time), and checks its output against the eager model on a fixed probe batch; any
-failure is logged with its reason and the worker serves the eager model, which is always
-correct. So an archive built on one CPU is safe on another: at worst it runs eagerly.
+never compiles. At load it checks the recorded target against this machine (ATen's CPU
+capability and every feature of the target's x86-64 level), loads the package (bounded in time,
+with input checks on), and checks its answers to the archive's probe photos against the fp32
+eager model's with the criterion of handlers.answer_agreement; any failure is logged with its
+reason and the worker serves the eager model, which is always correct. So an archive built on
+one CPU is safe on another: at worst it runs eagerly.
 """
 
 from __future__ import annotations

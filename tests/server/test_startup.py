@@ -135,7 +135,7 @@ def test_every_archive_serves_its_compiled_packages_on_this_cpu(server, model_st
             assert runners, description.name
             for role, runner in runners.items():
                 assert runner["runner"] == "aot", (description.name, role, runner, cpu_model_name())
-                assert runner["precision"] == handler["precision"]
+                assert runner["package"] == f"compiled/model-{runner['precision']}.pt2"
     finally:
         for description in registered:
             client.unregister(description.name, description.version)

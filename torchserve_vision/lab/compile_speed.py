@@ -37,6 +37,18 @@ def ms_per_batch(forward: Forward, batch: torch.Tensor, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats * 1000
 
 
+def best_ms_interleaved(forwards: dict[str, Forward], batches: dict[int, torch.Tensor], repeats: int,
+                        rounds: int) -> dict[str, dict[int, float]]:
+    """name -> batch size -> the best ms per batch over `rounds`, each round timing every
+    forward at every batch size in turn, so that machine noise hits them all."""
+    timings: dict[tuple[str, int], list[float]] = {}
+    for _ in range(rounds):
+        for b, batch in batches.items():
+            for name, forward in forwards.items():
+                timings.setdefault((name, b), []).append(ms_per_batch(forward, batch, repeats))
+    return {name: {b: min(timings[(name, b)]) for b in batches} for name in forwards}
+
+
 @dataclass
 class CompileSpeed:
     threads: int
@@ -85,12 +97,7 @@ def measure_compile_speed(archive: Path, threads: int, batch_sizes: Sequence[int
                 compiled(batch)
         warm_up_s = time.perf_counter() - started
         forwards: dict[str, Forward] = dict(zip(RUNNERS, (eager, compiled, package), strict=True))
-        timings: dict[tuple[str, int], list[float]] = {}
-        for _ in range(rounds):
-            for b, batch in batches.items():
-                for name, forward in forwards.items():
-                    timings.setdefault((name, b), []).append(ms_per_batch(forward, batch, repeats))
-    best = {name: {b: min(timings[(name, b)]) for b in batch_sizes} for name in RUNNERS}
+        best = best_ms_interleaved(forwards, batches, repeats, rounds)
     return CompileSpeed(threads, list(batch_sizes), warm_up_s, best)
 
 
@@ -141,10 +148,5 @@ def measure_cpu_targets(archive: Path, targets: Sequence[str], precisions: Seque
                 forwards[f"{precision}-{target}"] = load_aoti_package(path)
         batches = {b: torch.randn(b, 3, size, size).contiguous(memory_format=torch.channels_last)
                    for b in batch_sizes}
-        timings: dict[tuple[str, int], list[float]] = {}
-        for _ in range(rounds):
-            for b, batch in batches.items():
-                for name, forward in forwards.items():
-                    timings.setdefault((name, b), []).append(ms_per_batch(forward, batch, repeats))
-    best = {name: {b: min(timings[(name, b)]) for b in batch_sizes} for name in forwards}
+        best = best_ms_interleaved(forwards, batches, repeats, rounds)
     return TargetSpeed(threads, list(batch_sizes), best)

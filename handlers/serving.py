@@ -117,6 +117,14 @@ class MetricDimension:
     value: str
 
 
+def is_describe_request(data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> bool:
+    """TorchServe's describe job (`?customized=true`): alone in its batch, no payload, header
+    `describe: True`. A client's request that carries the header with an image is predicted as
+    usual, and one request's header never decides for a batch of several."""
+    return (len(data) == 1 and not any(data[0].values())
+            and context.get_request_header(0, DESCRIBE_HEADER) == "True")
+
+
 def required_serialized_file(serialized_file: str | None) -> str:
     """The manifest's serialized file name; ValueError for an archive built without one."""
     if serialized_file is None:
@@ -231,8 +239,8 @@ class BatchedImageHandler(ABC, Generic[Item, ModelInput, ModelOutput, Settings])
         in the Open Inference Protocol's form is answered in that form (see inference_protocol).
         With a response cache, hits are answered without decoding or inference (see
         `handlers.response_cache`); the rest of the batch runs as usual. TorchServe's describe
-        request (header `describe: True`, alone in its batch) gets `describe()`."""
-        if context.get_request_header(0, DESCRIBE_HEADER) == "True":
+        job (see `is_describe_request`) gets `describe()`."""
+        if is_describe_request(data, context):
             return [json.dumps(self.describe()).encode("utf-8")]
         record = BatchRecord(self.model_name, self.model_version, size=len(data), runner=self.runner)
         rows: list[Mapping[str, Any]] = []

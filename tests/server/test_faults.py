@@ -15,6 +15,7 @@ import requests
 from tests.images import photo_bytes
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
+from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop, run_open_loop
 from torchserve_vision.server_process import TorchServeInstance, ping, stop
 from torchserve_vision.server_state import queued_requests
@@ -85,12 +86,16 @@ def test_a_killed_worker_is_replaced_and_no_request_hangs(fault_server):
 
 
 def send_burst(server: TorchServeInstance, count: int) -> tuple[list[int], threading.Thread]:
+    """`count` concurrent requests of a 12 MP JPEG: each batch takes long enough (decoding
+    dominates, about 15 ms an image) that requests stay queued for a while even on a fast CPU
+    with native bf16, where a small photo's batch of 8 takes about 30 ms."""
     statuses: list[int] = []
+    body = benchmark_jpeg("phone")
 
     def one() -> None:
         try:
-            statuses.append(requests.post(url(server), data=photo_bytes("chelsea.png"), timeout=60,
-                                          headers={"Content-Type": "image/png"}).status_code)
+            statuses.append(requests.post(url(server), data=body, timeout=60,
+                                          headers={"Content-Type": "image/jpeg"}).status_code)
         except requests.RequestException:
             statuses.append(0)
 

@@ -85,9 +85,19 @@ def test_top_k_comes_from_the_archive_settings(classifier):
 def test_torchserve_describe_request_gets_the_worker_runner_and_no_prediction(classifier):
     # What TorchServe sends for GET /models/{m}/{v}?customized=true: one row, header describe=True.
     context = archive_context(classifier.model_dir, request_headers=[{"describe": "True"}])
-    (body,) = classifier.handle([{"body": bytearray()}], context)
+    (body,) = classifier.handle([{}], context)
     described = json.loads(body)
     assert described["device"] == "cpu" and described["precision"] == classifier.precision
     runner = described["runners"]["classifier"]
     assert runner["runner"] == "aot" and runner["package"].startswith("compiled/model-")
     assert runner["precision"] == classifier.precision and runner["cpu_capability"] == "AVX2"
+
+
+def test_a_client_describe_header_on_an_image_request_or_a_batch_is_predicted_as_usual(classifier):
+    image = bytearray(photo_bytes("coffee.png"))
+    context = archive_context(classifier.model_dir, request_headers=[{"describe": "True"}, {}])
+    bodies = classifier.handle([{"body": image}, {"body": image}], context)
+    assert [json.loads(body)[0]["label"] for body in bodies] == ["espresso", "espresso"]
+    context = archive_context(classifier.model_dir, request_headers=[{"describe": "True"}])
+    (body,) = classifier.handle([{"body": image}], context)
+    assert json.loads(body)[0]["label"] == "espresso" and context.status(0) == 200

@@ -12,7 +12,7 @@ The bounds hold for photos of what the model was trained on (docs/precision.md h
 its probabilities by up to 0.081 against fp32, over 6 photos x 4 orientations x Lite0/1/2 x batch
 1 and 8 x eager and compiled; an AMX Xeon showed 0.032. The bound, 0.15, is about twice the worst
 seen. fp16 keeps three more bits (8x finer rounding): 0.15 / 8, rounded up. fp32 differs only in
-summation order between kernels (measured under 1e-5). Far from the training photos (micrographs,
+summation order between kernels (measured up to 3.2e-6). Far from the training photos (micrographs,
 drawings, scans) bf16 moved probabilities by up to 0.49: no bound holds there, and such
 deployments should serve fp32.
 """

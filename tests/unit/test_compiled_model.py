@@ -267,8 +267,7 @@ def test_a_package_that_does_not_hold_the_archive_weights_is_refused(classifier,
     # The archive's weights altered as a later checkpoint would differ (its classifier head
     # perturbed by 30% of its spread), its packages kept: they no longer compute this model.
     model_dir = model_dir_copy(classifier, tmp_path / "m")
-    weights_path = model_dir / classifier.model_dir.joinpath("MAR-INF", "MANIFEST.json").read_text(
-        ).split('"serializedFile": "')[1].split('"')[0]
+    weights_path = model_dir / archive_context(model_dir).manifest["model"]["serializedFile"]
     state = torch.load(weights_path, weights_only=True)
     head = state["classifier.weight"]
     generator = torch.Generator().manual_seed(0)

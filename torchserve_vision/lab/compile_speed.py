@@ -21,9 +21,7 @@ from pathlib import Path
 import torch
 
 from handlers.compiled_model import load_aoti_package
-from handlers.model_loading import load_model
-from handlers.settings import parse_classifier_settings
-from torchserve_vision.lab.local_handler import archive_context, extract_archive
+from torchserve_vision.lab.local_handler import eager_classifier, extract_archive
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
@@ -77,12 +75,8 @@ def measure_compile_speed(archive: Path, threads: int, batch_sizes: Sequence[int
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = extract_archive(archive, Path(tmp))
-        context = archive_context(model_dir)
-        settings = parse_classifier_settings((context.model_yaml_config or {})["handler"])
+        settings, eager = eager_classifier(model_dir)
         fp32 = next(p for p in settings.compiled_packages if p.target.precision == "fp32")
-        weights = model_dir / context.manifest["model"]["serializedFile"]
-        eager = load_model(settings.model, weights, torch.device("cpu"))
-        eager = eager.to(memory_format=torch.channels_last) if settings.channels_last else eager
         package = load_aoti_package(model_dir / fp32.file)
         import torch._inductor.config as inductor_config
 
@@ -131,12 +125,7 @@ def measure_cpu_targets(archive: Path, targets: Sequence[str], precisions: Seque
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = extract_archive(archive, Path(tmp) / "model")
-        context = archive_context(model_dir)
-        settings = parse_classifier_settings((context.model_yaml_config or {})["handler"])
-        weights = model_dir / context.manifest["model"]["serializedFile"]
-        network = load_model(settings.model, weights, torch.device("cpu"))
-        network = network.to(memory_format=torch.channels_last) if settings.channels_last else network
+        settings, network = eager_classifier(extract_archive(archive, Path(tmp) / "model"))
         size = settings.input_size
         forwards: dict[str, Forward] = {}
         for precision in precisions:

@@ -12,13 +12,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from torch import nn
 
 from handlers.classification_cascade import ClassificationCascadeHandler
 from handlers.detect_then_classify import DetectThenClassifyHandler
 from handlers.image_classifier import ImageClassifierHandler
+from handlers.model_loading import load_model
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.serving import BatchedImageHandler
+from handlers.settings import ClassifierSettings, parse_classifier_settings
 
 ENTRY_CLASSES: dict[str, type[BatchedImageHandler[Any, Any, Any, Any]]] = {
     "image_classifier.py": ImageClassifierHandler,
@@ -67,6 +71,18 @@ def extract_archive(mar_path: Path, target: Path) -> Path:
     with zipfile.ZipFile(mar_path) as archive:
         archive.extractall(target)
     return target
+
+
+def eager_classifier(model_dir: Path) -> tuple[ClassifierSettings, nn.Module]:
+    """A classifier archive's settings and its eager fp32 network (extracted in `model_dir`), on
+    the CPU in eval mode and in the archive's memory format: what the lab times and compares."""
+    context = archive_context(model_dir)
+    settings = parse_classifier_settings((context.model_yaml_config or {})["handler"])
+    network = load_model(settings.model, model_dir / context.manifest["model"]["serializedFile"],
+                         torch.device("cpu"))
+    if settings.channels_last:
+        network = network.to(memory_format=torch.channels_last)
+    return settings, network
 
 
 def archive_context(model_dir: Path, batch_size: int = 8,

@@ -25,10 +25,10 @@ import torch
 from handlers.answer_agreement import answer_disagreement, probability_bound, top_classes
 from handlers.compiled_model import load_aoti_package
 from handlers.decode import decode_image_bytes
-from handlers.model_loading import autocast, load_model
-from handlers.settings import ClassifierSettings, ImageLimits, parse_classifier_settings
+from handlers.model_loading import autocast
+from handlers.settings import ClassifierSettings, ImageLimits
 from handlers.transforms import preprocess_classification_batch
-from torchserve_vision.lab.local_handler import archive_context, extract_archive
+from torchserve_vision.lab.local_handler import eager_classifier, extract_archive
 from torchserve_vision.photos import CLASSIFIER_PHOTOS, all_photo_paths
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -115,12 +115,7 @@ def measure_archive(archive: Path, threads: int) -> list[Spread]:
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = extract_archive(archive, Path(tmp))
-        context = archive_context(model_dir)
-        settings = parse_classifier_settings((context.model_yaml_config or {})["handler"])
-        network = load_model(settings.model, model_dir / context.manifest["model"]["serializedFile"],
-                             torch.device("cpu"))
-        if settings.channels_last:
-            network = network.to(memory_format=torch.channels_last)
+        settings, network = eager_classifier(model_dir)
         names, batch = photo_batch(settings)
         reference = probabilities(network, batch, 1)
         spreads = []

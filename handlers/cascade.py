@@ -10,30 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from handlers.cascade_options import CascadeOptions
 from handlers.pipeline_settings import EscalationRule
-
-EscalationMode = Literal["auto", "never", "always"]
-
-
-@dataclass(frozen=True)
-class CascadeRequest:
-    """One decoded request: its image (`uint8[3, H, W]`), how many classes it wants, and how it
-    escalates (`threshold` applies to `auto`)."""
-
-    image: torch.Tensor
-    top_k: int
-    escalation: EscalationMode
-    threshold: float
+from handlers.request_slot import DecodedImage
 
 
 @dataclass(frozen=True)
 class CascadeInput:
     first_batch: torch.Tensor          # the first model's normalized batch
-    requests: Sequence[CascadeRequest]
+    requests: Sequence[DecodedImage[CascadeOptions]]
 
 
 @dataclass(frozen=True)
@@ -53,9 +41,9 @@ def confidences(probabilities: torch.Tensor, rule: EscalationRule) -> torch.Tens
     return top2[:, 0] - top2[:, 1]
 
 
-def escalated(confidence: torch.Tensor, requests: Sequence[CascadeRequest]) -> list[bool]:
-    """For each request (aligned with `confidence`), whether the second model answers it."""
+def escalated(confidence: torch.Tensor, options: Sequence[CascadeOptions]) -> list[bool]:
+    """For each request's options (aligned with `confidence`), whether the second model answers it."""
     values = confidence.float().cpu().tolist()
-    return [request.escalation == "always"
-            or (request.escalation == "auto" and value < request.threshold)
-            for value, request in zip(values, requests, strict=True)]
+    return [asked.escalation == "always"
+            or (asked.escalation == "auto" and value < asked.threshold)
+            for value, asked in zip(values, options, strict=True)]

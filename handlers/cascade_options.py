@@ -13,18 +13,28 @@ for that request alone.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from typing import Any, get_args
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
-from handlers.cascade import EscalationMode
 from handlers.classification_options import OPTION_HEADERS as TOP_K_HEADERS
-from handlers.request_options import invalid_option, option_values, parse_count
+from handlers.classification_options import top_k_option
+from handlers.request_options import invalid_option, option_values, parse_fraction
 
+EscalationMode = Literal["auto", "never", "always"]
 OPTION_HEADERS = {**TOP_K_HEADERS, "escalation": "X-Escalation",
                   "escalation_threshold": "X-Escalation-Threshold"}
 OPTION_FIELDS = frozenset(OPTION_HEADERS)
 ESCALATION_MODES: tuple[str, ...] = get_args(EscalationMode)
+
+
+@dataclass(frozen=True)
+class CascadeOptions:
+    """How many classes a request wants and how it escalates (`threshold` applies to `auto`)."""
+
+    top_k: int
+    escalation: EscalationMode
+    threshold: float
 
 
 def parse_escalation_mode(value: object) -> EscalationMode:
@@ -34,23 +44,14 @@ def parse_escalation_mode(value: object) -> EscalationMode:
     return text  # type: ignore[return-value]
 
 
-def parse_threshold(value: object) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise invalid_option("escalation_threshold", value, "a number in [0, 1]") from None
-    if math.isnan(number) or not 0 <= number <= 1:
-        raise invalid_option("escalation_threshold", value, "a number in [0, 1]")
-    return number
-
-
 def parse_cascade_options(row: Mapping[str, Any], header: Callable[[str], str | None],
                           default_top_k: int, default_threshold: float,
-                          class_count: int) -> tuple[int, EscalationMode, float]:
-    """(top_k, escalation, threshold) of this request; ClientError(400) when a value is invalid."""
+                          class_count: int) -> CascadeOptions:
+    """This request's options; ClientError(400) when a value is invalid."""
     values = option_values(row, header, OPTION_HEADERS)
-    top_k = parse_count("top_k", values["top_k"], class_count) if "top_k" in values else default_top_k
-    mode = parse_escalation_mode(values["escalation"]) if "escalation" in values else "auto"
-    threshold = (parse_threshold(values["escalation_threshold"])
-                 if "escalation_threshold" in values else default_threshold)
-    return top_k, mode, threshold
+    return CascadeOptions(
+        top_k=top_k_option(values, default_top_k, class_count),
+        escalation=parse_escalation_mode(values["escalation"]) if "escalation" in values else "auto",
+        threshold=parse_fraction("escalation_threshold", values["escalation_threshold"])
+        if "escalation_threshold" in values else default_threshold,
+    )

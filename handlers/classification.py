@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TypedDict
 
 import torch
-
-
-@dataclass(frozen=True)
-class ClassificationRequest:
-    """One decoded request: its image (`uint8[3, H, W]`, display orientation) and how many of
-    the most probable classes it asks for."""
-
-    image: torch.Tensor
-    top_k: int
 
 
 class ClassScore(TypedDict):

@@ -17,37 +17,29 @@ from typing import Any
 import torch
 
 from handlers.batch_record import BatchRecord
-from handlers.cascade import (
-    CascadeInput,
-    CascadeOutput,
-    CascadeRequest,
-    EscalationMode,
-    confidences,
-    escalated,
-)
-from handlers.cascade_options import OPTION_FIELDS, parse_cascade_options
+from handlers.cascade import CascadeInput, CascadeOutput, confidences, escalated
+from handlers.cascade_options import OPTION_FIELDS, CascadeOptions, parse_cascade_options
 from handlers.classification import ClassScore, top_k_of_probabilities
 from handlers.classifier_model import ClassifierModel
-from handlers.decode import decode_image_bytes
 from handlers.inference_protocol import TensorOutput, classification_outputs, tensor
 from handlers.pipeline_settings import CascadeSettings, StageArchive, parse_cascade_settings
-from handlers.request_body import extract_image_bytes
-from handlers.request_options import canonical_text
+from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
 
 ANSWERED_BY_HEADER = "X-Answered-By"
+Item = DecodedImage[CascadeOptions]
 
 
 class ClassificationCascadeHandler(
-        BatchedImageHandler[CascadeRequest, CascadeInput, CascadeOutput, CascadeSettings]):
+        BatchedImageHandler[CascadeOptions, CascadeInput, CascadeOutput, CascadeSettings]):
     first: ClassifierModel
     second: ClassifierModel
+    option_fields = OPTION_FIELDS
 
     def parse_settings(self, handler_section: Mapping[str, Any]) -> CascadeSettings:
         return parse_cascade_settings(handler_section)
 
-    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
-        self.settings = self.parse_settings(handler_settings)
+    def load(self, serialized_file: str | None) -> None:
         self.first = self.stage_model(self.settings.first, self.settings.first_classifier)
         self.second = self.stage_model(self.settings.second, self.settings.second_classifier)
         if self.first.labels != self.second.labels:
@@ -55,38 +47,29 @@ class ClassificationCascadeHandler(
                              f"{self.settings.second.archive} have different classes")
         self.labels, self.precision = self.first.labels, self.first.precision
         self.runners = {"first": self.first.runner, "second": self.second.runner}
+        first, second = self.settings.first_classifier, self.settings.second_classifier
+        if first.jpeg_draft and second.jpeg_draft:
+            self.jpeg_draft_size = max(first.resize_size, second.resize_size)
 
     def stage_model(self, stage: StageArchive, settings: Any) -> ClassifierModel:
         return ClassifierModel(settings, self.model_dir / stage.directory, stage.serialized_file,
                                self.device)
 
-    def request_options(self, row: Mapping[str, Any], header: HeaderReader
-                        ) -> tuple[int, EscalationMode, float]:
+    def parse_options(self, row: Mapping[str, Any], header: HeaderReader) -> CascadeOptions:
         return parse_cascade_options(row, header, self.settings.top_k,
                                      self.settings.escalation.threshold, len(self.labels))
 
-    def cache_key_material(self, row: Mapping[str, Any], header: HeaderReader) -> tuple[bytes, str]:
-        return extract_image_bytes(row, OPTION_FIELDS), canonical_text(*self.request_options(row, header))
-
-    def near_duplicate_image(self, item: CascadeRequest) -> torch.Tensor:
+    def near_duplicate_image(self, item: Item) -> torch.Tensor:
         return item.image
 
-    def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> CascadeRequest:
-        settings = self.settings
-        top_k, mode, threshold = self.request_options(row, header)
-        draft_size = max(settings.first_classifier.resize_size, settings.second_classifier.resize_size)
-        jpeg_draft = settings.first_classifier.jpeg_draft and settings.second_classifier.jpeg_draft
-        image = decode_image_bytes(extract_image_bytes(row, OPTION_FIELDS), settings.limits,
-                                   self.device, draft_size if jpeg_draft else None)
-        return CascadeRequest(image, top_k, mode, threshold)
-
-    def preprocess(self, items: Sequence[CascadeRequest]) -> CascadeInput:
+    def preprocess(self, items: Sequence[Item]) -> CascadeInput:
         return CascadeInput(self.first.model_input([item.image for item in items]), items)
 
     def infer(self, model_input: CascadeInput) -> CascadeOutput:
         requests = model_input.requests
         probabilities = torch.softmax(self.first.logits(model_input.first_batch).float(), dim=1)
-        needs_second = escalated(confidences(probabilities, self.settings.escalation.rule), requests)
+        needs_second = escalated(confidences(probabilities, self.settings.escalation.rule),
+                                 [request.options for request in requests])
         chosen = [index for index, escalate in enumerate(needs_second) if escalate]
         if chosen:
             second_batch = self.second.model_input([requests[index].image for index in chosen])
@@ -95,12 +78,12 @@ class ClassificationCascadeHandler(
         return CascadeOutput(probabilities, needs_second)
 
     def postprocess(self, model_output: CascadeOutput, model_input: CascadeInput,
-                    items: Sequence[CascadeRequest]) -> list[list[dict[str, Any]]]:
-        ranked = top_k_of_probabilities(model_output.probabilities, self.labels,
-                                        max(item.top_k for item in items))
+                    items: Sequence[Item]) -> list[list[dict[str, Any]]]:
+        top_ks = [item.options.top_k for item in items]
+        ranked = top_k_of_probabilities(model_output.probabilities, self.labels, max(top_ks))
         names = (self.settings.first.archive, self.settings.second.archive)
-        return [[{**score, "model": names[escalate]} for score in scores[: item.top_k]]
-                for scores, item, escalate in zip(ranked, items, model_output.escalated, strict=True)]
+        return [[{**score, "model": names[escalate]} for score in scores[:k]]
+                for scores, k, escalate in zip(ranked, top_ks, model_output.escalated, strict=True)]
 
     def record_answers(self, record: BatchRecord, answers: Sequence[Any]) -> None:
         count = sum(answer[0]["model"] == self.settings.second.archive for answer in answers)

@@ -11,6 +11,7 @@ of classes. A malformed or out-of-range value is a 400 for that request alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from handlers.request_options import option_values, parse_count
@@ -19,8 +20,21 @@ OPTION_HEADERS = {"top_k": "X-Top-K"}
 OPTION_FIELDS = frozenset(OPTION_HEADERS)
 
 
-def parse_top_k(row: Mapping[str, Any], header: Callable[[str], str | None], default: int,
-                class_count: int) -> int:
-    """This request's top-k: its own value over `default`; ClientError(400) when invalid."""
-    values = option_values(row, header, OPTION_HEADERS)
+@dataclass(frozen=True)
+class ClassificationOptions:
+    """How many of the most probable classes a request asks for."""
+
+    top_k: int
+
+
+def top_k_option(values: Mapping[str, object], default: int, class_count: int) -> int:
+    """`top_k` from a request's raw option values (see `option_values`), else `default`: the one
+    parser of top-k, for the classifier and the pipelines that classify."""
     return parse_count("top_k", values["top_k"], class_count) if "top_k" in values else default
+
+
+def parse_classification_options(row: Mapping[str, Any], header: Callable[[str], str | None],
+                                 default_top_k: int, class_count: int) -> ClassificationOptions:
+    """This request's options: its own values over the archive's; ClientError(400) when invalid."""
+    values = option_values(row, header, OPTION_HEADERS)
+    return ClassificationOptions(top_k_option(values, default_top_k, class_count))

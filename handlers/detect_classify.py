@@ -8,21 +8,15 @@ from dataclasses import dataclass
 
 import torch
 
-from handlers.detect_classify_options import BoxOptions
-from handlers.detection import DetectionOptions, DetectionTensors, DetectorInput
-
-
-@dataclass(frozen=True)
-class DetectClassifyRequest:
-    image: torch.Tensor          # uint8[3, H, W], display orientation
-    detection: DetectionOptions
-    boxes: BoxOptions
+from handlers.detect_classify_options import BoxOptions, DetectClassifyOptions
+from handlers.detection import DetectionTensors, DetectorInput
+from handlers.request_slot import DecodedImage
 
 
 @dataclass(frozen=True)
 class PipelineInput:
     detector_input: DetectorInput
-    requests: Sequence[DetectClassifyRequest]
+    requests: Sequence[DecodedImage[DetectClassifyOptions]]
 
 
 @dataclass(frozen=True)

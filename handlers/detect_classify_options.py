@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from handlers.classification_options import top_k_option
 from handlers.detection import DetectionOptions
 from handlers.detection_options import OPTION_HEADERS as DETECTION_HEADERS
 from handlers.detection_options import parse_class_set, parse_detection_options
@@ -44,16 +45,23 @@ def parse_box_options(row: Mapping[str, Any], header: Callable[[str], str | None
         if "max_boxes" in values else settings.max_boxes,
         classes=parse_class_set("classify_classes", values["classify_classes"], detector_labels)
         if "classify_classes" in values else None,
-        top_k=parse_count("top_k", values["top_k"], classifier_class_count)
-        if "top_k" in values else settings.top_k,
+        top_k=top_k_option(values, settings.top_k, classifier_class_count),
     )
+
+
+@dataclass(frozen=True)
+class DetectClassifyOptions:
+    """A request's detection options and which of its boxes are classified."""
+
+    detection: DetectionOptions
+    boxes: BoxOptions
 
 
 def parse_detect_classify_options(row: Mapping[str, Any], header: Callable[[str], str | None],
                                   settings: DetectClassifySettings, detector_labels: Sequence[str],
-                                  classifier_class_count: int) -> tuple[DetectionOptions, BoxOptions]:
-    """(detection options, box options) of this request; ClientError(400) when invalid."""
+                                  classifier_class_count: int) -> DetectClassifyOptions:
+    """This request's options; ClientError(400) when invalid."""
     detection = parse_detection_options(row, header, settings.detection_defaults, detector_labels,
                                         settings.detector_settings.max_detections_cap)
-    return detection, parse_box_options(row, header, settings, detector_labels,
-                                        classifier_class_count)
+    return DetectClassifyOptions(detection, parse_box_options(row, header, settings, detector_labels,
+                                                              classifier_class_count))

@@ -22,38 +22,34 @@ from handlers.batch_record import BatchRecord
 from handlers.box_crops import crop_boxes
 from handlers.classification import ClassScore, top_k_classes
 from handlers.classifier_model import ClassifierModel
-from handlers.decode import decode_image_bytes
-from handlers.detect_classify import (
-    DetectClassifyRequest,
-    PipelineInput,
-    PipelineOutput,
-    boxes_to_classify,
-)
+from handlers.detect_classify import PipelineInput, PipelineOutput, boxes_to_classify
 from handlers.detect_classify_options import (
     OPTION_FIELDS,
-    BoxOptions,
+    DetectClassifyOptions,
     parse_detect_classify_options,
 )
-from handlers.detection import DetectionOptions, DetectionTensors, format_detections
+from handlers.detection import DetectionTensors, format_detections
 from handlers.detector_model import DetectorModel
 from handlers.inference_protocol import TensorOutput, detection_outputs, tensor
 from handlers.pipeline_settings import DetectClassifySettings, parse_detect_classify_settings
-from handlers.request_body import extract_image_bytes
-from handlers.request_options import canonical_text
+from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
+
+Item = DecodedImage[DetectClassifyOptions]
 
 
 class DetectThenClassifyHandler(
-        BatchedImageHandler[DetectClassifyRequest, PipelineInput, PipelineOutput,
+        BatchedImageHandler[DetectClassifyOptions, PipelineInput, PipelineOutput,
                             DetectClassifySettings]):
     detector: DetectorModel
     classifier: ClassifierModel
+    option_fields = OPTION_FIELDS
 
     def parse_settings(self, handler_section: Mapping[str, Any]) -> DetectClassifySettings:
         return parse_detect_classify_settings(handler_section)
 
-    def load(self, handler_settings: Mapping[str, Any], serialized_file: str | None) -> None:
-        settings = self.settings = self.parse_settings(handler_settings)
+    def load(self, serialized_file: str | None) -> None:
+        settings = self.settings
         self.detector = DetectorModel(settings.detector_settings,
                                       self.model_dir / settings.detector.directory,
                                       settings.detector.serialized_file, self.device)
@@ -63,21 +59,11 @@ class DetectThenClassifyHandler(
         self.labels, self.precision = self.detector.labels, self.detector.precision
         self.runners = {"classifier": self.classifier.runner}
 
-    def request_options(self, row: Mapping[str, Any], header: HeaderReader
-                        ) -> tuple[DetectionOptions, BoxOptions]:
+    def parse_options(self, row: Mapping[str, Any], header: HeaderReader) -> DetectClassifyOptions:
         return parse_detect_classify_options(row, header, self.settings, self.labels,
                                              len(self.classifier.labels))
 
-    def cache_key_material(self, row: Mapping[str, Any], header: HeaderReader) -> tuple[bytes, str]:
-        return extract_image_bytes(row, OPTION_FIELDS), canonical_text(*self.request_options(row, header))
-
-    def decode_request(self, row: Mapping[str, Any], header: HeaderReader) -> DetectClassifyRequest:
-        detection, boxes = self.request_options(row, header)
-        image = decode_image_bytes(extract_image_bytes(row, OPTION_FIELDS), self.settings.limits,
-                                   self.device)
-        return DetectClassifyRequest(image, detection, boxes)
-
-    def preprocess(self, items: Sequence[DetectClassifyRequest]) -> PipelineInput:
+    def preprocess(self, items: Sequence[Item]) -> PipelineInput:
         return PipelineInput(self.detector.model_input([item.image for item in items]), items)
 
     def infer(self, model_input: PipelineInput) -> PipelineOutput:
@@ -85,8 +71,8 @@ class DetectThenClassifyHandler(
         images = [request.image for request in requests]
         raw = self.detector.forward(model_input.detector_input)
         found = self.detector.detections(raw, model_input.detector_input, images,
-                                         [request.detection for request in requests])
-        chosen = [boxes_to_classify(detections, request.boxes)
+                                         [request.options.detection for request in requests])
+        chosen = [boxes_to_classify(detections, request.options.boxes)
                   for detections, request in zip(found, requests, strict=True)]
         return PipelineOutput(found, chosen, self.classify_boxes(images, found, chosen))
 
@@ -103,14 +89,14 @@ class DetectThenClassifyHandler(
         return list(logits.split([len(rows) for rows in chosen]))
 
     def postprocess(self, model_output: PipelineOutput, model_input: PipelineInput,
-                    items: Sequence[DetectClassifyRequest]) -> list[list[dict[str, Any]]]:
+                    items: Sequence[Item]) -> list[list[dict[str, Any]]]:
         answers = []
         for detections, rows, logits, item in zip(model_output.detections, model_output.classified,
                                                   model_output.logits, items, strict=True):
             answer: list[dict[str, Any]] = [{**d, "classification": None}
                                             for d in format_detections(detections, self.labels)]
             if rows:
-                ranked = top_k_classes(logits, self.classifier.labels, item.boxes.top_k)
+                ranked = top_k_classes(logits, self.classifier.labels, item.options.boxes.top_k)
                 for row, scores in zip(rows, ranked, strict=True):
                     answer[row]["classification"] = scores
             answers.append(answer)

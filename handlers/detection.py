@@ -29,14 +29,6 @@ class DetectionOptions:
 
 
 @dataclass(frozen=True)
-class DetectionRequest:
-    """One decoded request: its image (`uint8[3, H, W]`, display orientation) and its options."""
-
-    image: torch.Tensor
-    options: DetectionOptions
-
-
-@dataclass(frozen=True)
 class DetectorInput:
     """A list of float images (torchvision), or a letterboxed batch and its letterboxes (YOLO)."""
 

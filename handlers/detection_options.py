@@ -12,12 +12,11 @@ the model's labels or class indices. A malformed or out-of-range value is a 400 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from handlers.detection import DetectionOptions
-from handlers.request_options import invalid_option, option_values, parse_count
+from handlers.request_options import invalid_option, option_values, parse_count, parse_fraction
 
 OPTION_HEADERS = {
     "score_threshold": "X-Score-Threshold",
@@ -26,17 +25,6 @@ OPTION_HEADERS = {
     "classes": "X-Classes",
 }
 OPTION_FIELDS = frozenset(OPTION_HEADERS)
-
-
-def _fraction(name: str, value: object, allow_zero: bool) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise invalid_option(name, value, "a number") from None
-    low_ok = number >= 0 if allow_zero else number > 0
-    if math.isnan(number) or not low_ok or number > 1:
-        raise invalid_option(name, value, "a number in [0, 1]" if allow_zero else "a number in (0, 1]")
-    return number
 
 
 def _class_index(name: str, item: object, labels: Sequence[str]) -> int:
@@ -67,9 +55,9 @@ def parse_detection_options(row: Mapping[str, Any], header: Callable[[str], str 
     """This request's options: its own values over `defaults`; ClientError(400) when invalid."""
     values = option_values(row, header, OPTION_HEADERS)
     return DetectionOptions(
-        score_threshold=_fraction("score_threshold", values["score_threshold"], allow_zero=True)
+        score_threshold=parse_fraction("score_threshold", values["score_threshold"])
         if "score_threshold" in values else defaults.score_threshold,
-        iou_threshold=_fraction("iou_threshold", values["iou_threshold"], allow_zero=False)
+        iou_threshold=parse_fraction("iou_threshold", values["iou_threshold"], allow_zero=False)
         if "iou_threshold" in values else defaults.iou_threshold,
         max_detections=parse_count("max_detections", values["max_detections"], max_detections_cap)
         if "max_detections" in values else defaults.max_detections,

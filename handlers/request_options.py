@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +30,28 @@ def parse_count(name: str, value: object, cap: int) -> int:
     return number
 
 
+def fraction_of(value: object, *, allow_zero: bool = True) -> float | None:
+    """`value` (a number or its text) as a float in [0, 1] ((0, 1] without `allow_zero`), or
+    None when it is not one. The one check of a fraction, for options and settings alike."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(number) or number > 1 or number < 0 or (number == 0 and not allow_zero):
+        return None
+    return number
+
+
+def parse_fraction(name: str, value: object, *, allow_zero: bool = True) -> float:
+    """A request option that must be a number in [0, 1] ((0, 1] without `allow_zero`)."""
+    number = fraction_of(value, allow_zero=allow_zero)
+    if number is None:
+        raise invalid_option(name, value, "a number in [0, 1]" if allow_zero else "a number in (0, 1]")
+    return number
+
+
 def option_values(row: Mapping[str, Any], header: Callable[[str], str | None],
                   option_headers: Mapping[str, str]) -> dict[str, object]:
     """The raw values a request gives for the options named in `option_headers` (option name ->
@@ -47,9 +70,10 @@ def option_values(row: Mapping[str, Any], header: Callable[[str], str | None],
     return values
 
 
-def canonical_text(*options: object) -> str:
-    """Options (dataclasses, numbers, strings, sets) as one canonical JSON text: equal options,
-    equal text, in every process (sets sorted). Part of a response-cache key."""
+def canonical_text(options: object) -> str:
+    """A request's options (a frozen dataclass of numbers, strings, sets and nested options) as
+    one canonical JSON text: equal options, equal text, in every process (sets sorted). Part of
+    a response-cache key."""
     def plain(value: object) -> object:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return {name: plain(item) for name, item in dataclasses.asdict(value).items()}
@@ -57,4 +81,4 @@ def canonical_text(*options: object) -> str:
             return sorted(value)
         return value
 
-    return json.dumps([plain(option) for option in options], sort_keys=True, default=plain)
+    return json.dumps(plain(options), sort_keys=True, default=plain)

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 
 from handlers.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
 from handlers.detection import DetectionOptions
+from handlers.request_options import fraction_of
 
 ModelSourceKind = Literal["timm", "torchvision", "torchscript", "export"]
 DetectionOutput = Literal["torchvision", "yolo"]
@@ -228,9 +229,10 @@ class DetectorSettings(HandlerSettings):
 
 
 def _fraction_setting(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+    number = fraction_of(value) if isinstance(value, (int, float)) else None
+    if number is None:
         raise SettingsError(f"'{name}' must be a number in [0, 1], got {value!r}")
-    return float(value)
+    return number
 
 
 def parse_detection_defaults(section: Mapping[str, Any]) -> tuple[DetectionOptions, int]:

@@ -28,12 +28,14 @@ from urllib.parse import urlencode
 
 import requests
 
+from torchserve_vision.errors import CommandError
+
 DEFAULT_MANAGEMENT_URL = "http://127.0.0.1:8081"
 DEFAULT_INFERENCE_URL = "http://127.0.0.1:8080"
 MUTATING_METHODS = ("POST", "PUT", "DELETE")
 
 
-class ManagementError(RuntimeError):
+class ManagementError(CommandError, RuntimeError):
     """A call failed: the HTTP status (0 when the server could not be reached) and its message."""
 
     def __init__(self, status: int, message: str, call: str) -> None:

@@ -19,12 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from torchserve_vision.errors import CommandError
+
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
 ENVIRONMENT_VARIABLES = ("TSV_BIND_ADDRESS", "TSV_WORKERS", "TSV_TOKEN_AUTHORIZATION")
 SWITCH_VALUES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
-class SettingsError(ValueError):
+class SettingsError(CommandError, ValueError):
     """An environment variable has a value that cannot be used."""
 
 

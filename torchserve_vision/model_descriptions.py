@@ -14,18 +14,15 @@ from typing import Any
 
 import yaml
 
-MODEL_TASKS = ("classification", "detection")
-# Pipelines hold the models of other archives ("stages", named `<name>-<version>` of an archive in
-# the model store), not a network of their own.
-PIPELINE_STAGES = {"cascade": ("first", "second"), "detect_then_classify": ("detector", "classifier")}
-TASKS = (*MODEL_TASKS, *PIPELINE_STAGES)
-# The handler entry module (in handlers/) of each task's archives.
-ENTRY_MODULES = {"classification": "image_classifier.py", "detection": "object_detector.py",
-                 "cascade": "classification_cascade.py",
-                 "detect_then_classify": "detect_then_classify.py"}
+from torchserve_vision.errors import CommandError
+from torchserve_vision.model_kinds import KINDS, ModelKind, UnknownKind, kind_of
+
+# The weights file of an archive, by `model.source`.
+SERIALIZED_NAMES = {"timm": "model.pt", "torchvision": "model.pt", "torchscript": "model.ts.pt",
+                    "export": "model.pt2"}
 
 
-class DescriptionError(ValueError):
+class DescriptionError(CommandError, ValueError):
     """A model description is incomplete or names something that does not exist."""
 
 
@@ -71,15 +68,20 @@ class ModelDescription:
         return f"{self.name}-{self.version}.mar"
 
     @property
+    def kind(self) -> ModelKind:
+        return kind_of(self.task)
+
+    @property
     def is_pipeline(self) -> bool:
-        return self.task in PIPELINE_STAGES
+        return self.kind.is_pipeline
 
 
 def parse_pipeline_description(raw: Mapping[str, Any]) -> ModelDescription:
-    """A pipeline entry: `stages` (role -> `<name>-<version>` of a stage archive) instead of `model`."""
+    """A pipeline entry: `stages` (role -> `<name>-<version>` of a stage archive) instead of `model`.
+    Pipelines hold the models of other archives in the model store, not a network of their own."""
     task = str(raw["task"])
     stages = raw.get("stages")
-    roles = PIPELINE_STAGES[task]
+    roles = tuple(KINDS[task].stages)
     if not isinstance(stages, Mapping) or set(stages) != set(roles):
         raise DescriptionError(f"{raw.get('name', '?')}: a {task} needs 'stages' with exactly "
                                f"{', '.join(roles)} (each a <name>-<version> archive); got {stages!r}")
@@ -96,7 +98,8 @@ def parse_pipeline_description(raw: Mapping[str, Any]) -> ModelDescription:
 def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
     """One entry of models.yaml -> ModelDescription; DescriptionError naming what is missing or wrong."""
     try:
-        if raw.get("task") in PIPELINE_STAGES:
+        kind = kind_of(str(raw.get("task", "classification")))
+        if kind.is_pipeline:
             return parse_pipeline_description(raw)
         model = raw["model"]
         description = ModelDescription(
@@ -115,11 +118,8 @@ def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
         )
     except KeyError as error:
         raise DescriptionError(f"model description {raw.get('name', '?')!r} lacks {error}") from None
-    except TypeError as error:
+    except (TypeError, UnknownKind) as error:
         raise DescriptionError(f"model description {raw.get('name', '?')!r}: {error}") from None
-    if description.task not in TASKS:
-        raise DescriptionError(f"{description.name}: unknown task {description.task!r}; "
-                               f"known: {', '.join(TASKS)}")
     return description
 
 

@@ -14,12 +14,10 @@ Each completed change (rollout, rollback, scaling) is appended to a history file
 
 from __future__ import annotations
 
-import json
 import signal
-import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +27,21 @@ from torchserve_vision.archives.versions import (
     archive_with_version,
 )
 from torchserve_vision.client import ManagementError, TorchServeClient
+from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.rollout_history import HistoryEntry, last_change, now_text
 from torchserve_vision.server_state import (
     default_version,
     ready_workers,
     versions_of,
     wait_for_empty_queue,
 )
+from torchserve_vision.waiting import wait_until
 
 Log = Callable[[str], None]
 
 
-class RolloutError(RuntimeError):
+class RolloutError(CommandError, RuntimeError):
     """The rollout failed and was undone; the message says which step and why."""
 
 
@@ -80,22 +81,21 @@ def wait_for_workers(client: TorchServeClient, model: str, version: str, count: 
     version whose workers die while loading is not coming, however long one waits."""
     if client.dry_run:
         return
-    deadline = time.monotonic() + timeout_s
     pids: set[Any] = set()
-    while True:
+    ready = [0]
+
+    def enough_ready() -> bool:
         description = client.describe(model, version)[0]
-        ready = ready_workers(description)
-        if ready >= count:
-            return
-        pids |= {worker.get("pid") for worker in description.get("workers", [])} - {None, "", -1}
-        if ready == 0 and len(pids) >= max_worker_starts + count - 1:
+        ready[0] = ready_workers(description)
+        pids.update({worker.get("pid") for worker in description.get("workers", [])} - {None, "", -1})
+        if ready[0] == 0 and len(pids) >= max_worker_starts + count - 1:
             raise RolloutError(f"{model} {version}: its workers died while loading ({len(pids)} "
                                "worker processes started, none READY); the reason is in "
                                "model_log.log")
-        if time.monotonic() > deadline:
-            raise RolloutError(f"{model} {version}: {ready} of {count} workers "
-                               f"ready after {timeout_s:.0f} s")
-        time.sleep(0.5)
+        return ready[0] >= count
+
+    wait_until(enough_ready, timeout_s, f"{count} READY workers of {model} {version}",
+               interval_s=0.5, error=lambda message: RolloutError(f"{message} ({ready[0]} READY)"))
 
 
 def wait_for_drain(client: TorchServeClient, model: str, version: str, timeout_s: float,
@@ -173,7 +173,7 @@ def undo(client: TorchServeClient, model: str, new_version: str, old_version: st
     return problems
 
 
-def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) -> dict[str, Any]:
+def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) -> HistoryEntry:
     """Swap `plan.model` to the archive's version with no failed request; return a history entry."""
     try:
         manifest = archive_manifest(store / plan.archive)
@@ -200,11 +200,11 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
                                      f"undone{state}") from None
         raise RolloutError(f"rollout of {plan.model} {new_version} failed and was undone{state}: "
                            f"{error}") from None
-    return {"model": plan.model, "to_version": new_version, "to_archive": plan.archive,
-            "from_version": old_version, "from_archive": current["modelUrl"] if current else None,
-            "from_settings": asdict(ServingSettings.of_version(current)) if current else None,
-            "to_settings": asdict(plan.settings),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return HistoryEntry(
+        kind="rollout", model=plan.model, to_version=new_version, to_archive=plan.archive,
+        to_settings=plan.settings, from_version=old_version,
+        from_archive=current["modelUrl"] if current else None,
+        from_settings=ServingSettings.of_version(current) if current else None, time=now_text())
 
 
 def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_version: str | None,
@@ -226,23 +226,6 @@ def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_vers
         log(f"unregistered {plan.model} {old_version}")
 
 
-def record(history_file: Path, entry: dict[str, Any]) -> None:
-    history = json.loads(history_file.read_text()) if history_file.is_file() else []
-    history.append(entry)
-    history_file.parent.mkdir(parents=True, exist_ok=True)
-    history_file.write_text(json.dumps(history, indent=2))
-
-
-def last_change(history_file: Path, model: str, current_version: str) -> dict[str, Any]:
-    """The latest recorded change that made `current_version` what serves `model`."""
-    history = json.loads(history_file.read_text()) if history_file.is_file() else []
-    for entry in reversed(history):
-        if entry["model"] == model and entry["to_version"] == current_version and entry["from_version"]:
-            return dict(entry)
-    raise RolloutError(f"no recorded change of {model} to {current_version} in {history_file}; "
-                       "nothing to roll back to")
-
-
 def settings_text(settings: ServingSettings) -> str:
     return (f"batch {settings.batch_size}, delay {settings.max_batch_delay_ms} ms, workers "
             f"{settings.min_workers}/{settings.max_workers}, timeouts response "
@@ -250,8 +233,9 @@ def settings_text(settings: ServingSettings) -> str:
 
 
 def scale(client: TorchServeClient, model: str, version: str | None, low: int, high: int,
-          store: Path, smoke_image: bytes, log: Log, timeout_s: float | None = None) -> dict[str, Any]:
-    """Set a version's workers with no failed request; return a history entry.
+          store: Path, smoke_image: bytes, log: Log,
+          timeout_s: float | None = None) -> HistoryEntry | None:
+    """Set a version's workers with no failed request; return a history entry (None: dry run).
 
     TorchServe stops surplus workers even in the middle of a batch (those requests get 500
     "Worker died"), so the default version is scaled down by rolling out a copy of its archive
@@ -268,10 +252,10 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
         if client.dry_run:
             log(f"[dry-run] would roll out {model} {copy_version}, a copy of {current['modelUrl']} "
                 f"with {settings_text(after)}, then unregister {version}")
-            return {}
+            return None
         archive = archive_with_version(store, current["modelUrl"], copy_version)
         plan = RolloutPlan(model, archive, after, smoke_image, workers_timeout_s=timeout_s)
-        return {**rollout(client, plan, store, log), "kind": "scale"}
+        return rollout(client, plan, store, log).as_kind("scale")
     client.scale(model, version, low, high)
     try:
         wait_for_workers(client, model, version, low,
@@ -282,14 +266,13 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
         raise RolloutError(f"scaling {model} {version} to {low} workers failed and was undone "
                            f"(workers {before.min_workers}/{before.max_workers} again): {error!r}") from None
     log(f"{model} {version}: workers min {low} / max {high}")
-    return {"kind": "scale", "model": model, "to_version": version, "to_archive": current["modelUrl"],
-            "from_version": version, "from_archive": current["modelUrl"],
-            "from_settings": asdict(before), "to_settings": asdict(after),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return HistoryEntry(kind="scale", model=model, to_version=version, to_archive=current["modelUrl"],
+                        to_settings=after, from_version=version, from_archive=current["modelUrl"],
+                        from_settings=before, time=now_text())
 
 
 def rollback(client: TorchServeClient, model: str, history_file: Path, store: Path,
-             plan_template: RolloutPlan, log: Log) -> dict[str, Any]:
+             plan_template: RolloutPlan, log: Log) -> HistoryEntry | None:
     """Undo the latest recorded change to what serves `model`: the previous version becomes the
     default again (at once when it is still registered, else by rolling out its archive again
     with its recorded settings), or a scaling is reversed. Says what it will do first."""
@@ -297,25 +280,28 @@ def rollback(client: TorchServeClient, model: str, history_file: Path, store: Pa
     if current is None:
         raise RolloutError(f"{model} is not registered")
     entry = last_change(history_file, model, current["modelVersion"])
-    previous = entry["from_version"]
-    settings = ServingSettings(**entry["from_settings"])
-    undoing = f"undoing the {entry.get('kind', 'rollout')} of {entry['time']}"
+    if entry is None or entry.from_version is None or entry.from_archive is None:
+        raise RolloutError(f"no recorded change of {model} to {current['modelVersion']} in "
+                           f"{history_file}; nothing to roll back to")
+    previous, previous_archive = entry.from_version, entry.from_archive
+    settings = entry.from_settings or entry.to_settings
+    undoing = f"undoing the {entry.kind} of {entry.time}"
     if previous == current["modelVersion"]:
         log(f"rollback of {model} ({undoing}): {previous} back to {settings_text(settings)}")
         rolled = scale(client, model, previous, settings.min_workers, settings.max_workers, store,
                        plan_template.smoke_image, log, plan_template.workers_timeout_s)
-        return {**rolled, "kind": "rollback"}
+        return rolled.as_kind("rollback") if rolled is not None else None
     if any(v["modelVersion"] == previous for v in versions_of(client, model)):
         log(f"rollback of {model} ({undoing}): {previous} is still registered; it becomes the "
             f"default again and {current['modelVersion']} stays registered")
         client.set_default(model, previous)
         log(f"{model} {previous} is the default again")
-        return {**entry, "kind": "rollback", "to_version": previous,
-                "from_version": current["modelVersion"], "to_archive": entry["from_archive"],
-                "from_archive": current["modelUrl"], "to_settings": entry["from_settings"],
-                "from_settings": asdict(ServingSettings.of_version(current))}
+        return HistoryEntry(kind="rollback", model=model, to_version=previous,
+                            to_archive=previous_archive, to_settings=settings,
+                            from_version=current["modelVersion"], from_archive=current["modelUrl"],
+                            from_settings=ServingSettings.of_version(current), time=now_text())
     log(f"rollback of {model} ({undoing}): {previous} is gone; re-registering it from "
-        f"{entry['from_archive']} with {settings_text(settings)}, then retiring "
+        f"{previous_archive} with {settings_text(settings)}, then retiring "
         f"{current['modelVersion']}")
-    plan = replace(plan_template, model=model, archive=entry["from_archive"], settings=settings)
-    return {**rollout(client, plan, store, log), "kind": "rollback"}
+    plan = replace(plan_template, model=model, archive=previous_archive, settings=settings)
+    return rollout(client, plan, store, log).as_kind("rollback")

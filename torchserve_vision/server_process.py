@@ -25,6 +25,7 @@ import psutil
 from torchserve_vision import paths
 from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
 from torchserve_vision.deployment_settings import AS_WRITTEN, DeploymentSettings, local_url
+from torchserve_vision.errors import CommandError
 from torchserve_vision.pod_health import PodHealth, ProbeEndpoint
 from torchserve_vision.server_state import (
     models_ready,
@@ -33,9 +34,10 @@ from torchserve_vision.server_state import (
     wait_for_empty_queue,
 )
 from torchserve_vision.torchserve_config import read_properties, render_properties
+from torchserve_vision.waiting import wait_until
 
 
-class ServerError(RuntimeError):
+class ServerError(CommandError, RuntimeError):
     """TorchServe did not start, or did not become healthy in time."""
 
 
@@ -166,16 +168,12 @@ def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_
                        cancelled: threading.Event | None = None) -> None:
     """Wait for /ping and for every model loaded at start to have its workers READY (or until
     `cancelled` is set: the caller is stopping anyway)."""
-    deadline = time.monotonic() + timeout_s
-    cancelled = cancelled or threading.Event()
-    while time.monotonic() < deadline:
-        if ping(instance) and models_ready(instance.client(), expected_models):
-            return
-        if cancelled.wait(0.5):
-            return
-    raise ServerError(f"TorchServe at {instance.inference_url} was not healthy after {timeout_s:.0f} s."
-                      f"\nLast lines of {instance.log_dir / 'model_log.log'}:\n"
-                      f"{instance.model_log_tail()}")
+    wait_until(lambda: ping(instance) and models_ready(instance.client(), expected_models),
+               timeout_s, f"TorchServe at {instance.inference_url} to be healthy", interval_s=0.5,
+               cancelled=cancelled,
+               error=lambda message: ServerError(
+                   f"{message}.\nLast lines of {instance.log_dir / 'model_log.log'}:\n"
+                   f"{instance.model_log_tail()}"))
 
 
 def start(instance: TorchServeInstance, model_store: Path | None = None,

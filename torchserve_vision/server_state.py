@@ -4,12 +4,16 @@ default version, READY workers, queued requests."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
 from torchserve_vision.client import ManagementError, TorchServeClient
+from torchserve_vision.errors import NotServed
+from torchserve_vision.waiting import wait_until
 
 
 def versions_of(client: TorchServeClient, model: str) -> list[dict[str, Any]]:
@@ -32,6 +36,15 @@ def default_version(client: TorchServeClient, model: str) -> dict[str, Any] | No
     return described[0] if described else None
 
 
+def served_default_version(client: TorchServeClient, model: str) -> dict[str, Any]:
+    """The default version's description; NotServed when the server does not serve `model`."""
+    current = default_version(client, model)
+    if current is None:
+        raise NotServed(f"{model} is not served at {client.management_url}: start the server "
+                        "first (torchserve-vision server start, or scripts/demo.sh)")
+    return current
+
+
 def ready_workers(description: dict[str, Any]) -> int:
     return sum(worker.get("status") == "READY" for worker in description.get("workers", []))
 
@@ -41,26 +54,26 @@ def kill_worker_and_wait(client: TorchServeClient, model: str, timeout_s: float 
     return the seconds until TorchServe's replacement for it is READY; TimeoutError after
     `timeout_s`."""
     worker = client.describe(model, None)[0]["workers"][0]
-    started = time.monotonic()
     os.kill(int(worker["pid"]), signal.SIGKILL)
-    while time.monotonic() - started < timeout_s:
-        if any(w["id"] == worker["id"] and w["pid"] != worker["pid"] and w["status"] == "READY"
-               for w in client.describe(model, None)[0]["workers"]):
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise TimeoutError(f"{model}: worker {worker['id']} not replaced after {timeout_s:.0f} s")
+    return wait_until(lambda: any(w["id"] == worker["id"] and w["pid"] != worker["pid"]
+                                  and w["status"] == "READY"
+                                  for w in client.describe(model, None)[0]["workers"]),
+                      timeout_s, f"{model}'s worker {worker['id']} to be replaced")
 
 
 def wait_for_empty_queue(pending: Callable[[], int], timeout_s: float, grace_s: float) -> bool:
     """Wait until `pending()` (queued requests) has stayed 0 for half a second, then `grace_s` for
     the batches workers are computing (TorchServe does not show those). False after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    empty_polls = 0
-    while empty_polls < 5:
-        if time.monotonic() > deadline:
-            return False
-        empty_polls = empty_polls + 1 if pending() == 0 else 0
-        time.sleep(0.1)
+    empty_polls = [0]
+
+    def stayed_empty() -> bool:
+        empty_polls[0] = empty_polls[0] + 1 if pending() == 0 else 0
+        return empty_polls[0] >= 5
+
+    try:
+        wait_until(stayed_empty, timeout_s, "an empty queue")
+    except TimeoutError:
+        return False
     time.sleep(grace_s)
     return True
 
@@ -97,3 +110,18 @@ def queued_requests(client: TorchServeClient) -> int:
     return sum(int(version.get("jobQueueStatus", {}).get("pendingRequests", 0))
                for model in client.list_models()
                for version in versions_of(client, model["modelName"]))
+
+
+def local_gpu_count() -> int:
+    """GPUs TorchServe would find on this machine, as it counts them: `CUDA_VISIBLE_DEVICES`
+    when set, else the lines of `nvidia-smi --list-gpus` (0 without nvidia-smi). No torch import."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([device for device in visible.split(",") if device.strip() not in ("", "-1")])
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return 0
+    listed = subprocess.run([nvidia_smi, "--list-gpus"], capture_output=True, text=True, check=False)
+    if listed.returncode != 0:
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())

@@ -9,10 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import ModelDescription
 
 
-class ConfigError(RuntimeError):
+class ConfigError(CommandError, RuntimeError):
     """A config file cannot be read or updated as asked."""
 
 

@@ -157,7 +157,7 @@ def test_rollout_under_load_fails_no_request_and_switches_to_v2(client, archives
     assert lengths_after == {V2_LENGTH}
     assert all(o.body[0]["label"] in CAT_LABELS for o in load.outcomes)
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["2.0"]
-    assert (entry["from_version"], entry["to_version"]) == ("1.0", "2.0")
+    assert (entry.from_version, entry.to_version) == ("1.0", "2.0")
 
 
 def load_on_server(client: TorchServeClient) -> ContinuousLoad:
@@ -312,7 +312,8 @@ def test_a_version_not_ready_by_its_deadline_is_undone(client, archives, rollout
         load.wait_for(10)
     assert code == 1
     error = capsys.readouterr().err
-    assert "workers ready after 3 s" in error and "undone (efficientnet_lite0 1.0 is the default)" in error
+    assert "timed out after 3 s waiting for 1 READY workers" in error
+    assert "undone (efficientnet_lite0 1.0 is the default)" in error
     assert load.failures() == []
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
     assert not history.exists()

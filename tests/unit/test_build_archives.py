@@ -25,11 +25,11 @@ from torchserve_vision.archives.build import BuildError, build_archive
 from torchserve_vision.archives.fixed_seed_weights import calibrated_classifier
 from torchserve_vision.cli import main as command
 from torchserve_vision.model_descriptions import (
-    ENTRY_MODULES,
     DescriptionError,
     load_descriptions,
     parse_description,
 )
+from torchserve_vision.model_kinds import KINDS
 from torchserve_vision.torchserve_config import config_in_sync, parse_properties, render_models_block
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png"]
@@ -266,7 +266,7 @@ def test_a_version_built_from_flags_keeps_the_described_settings_unless_fresh(tm
                                                      "input_size": 260, "resize_size": 297}
 
 
-@pytest.mark.parametrize("entry_module", sorted(set(ENTRY_MODULES.values())))
+@pytest.mark.parametrize("entry_module", sorted(kind.entry_module for kind in KINDS.values()))
 def test_every_entry_module_defines_exactly_one_class(entry_module):
     """TorchServe loads the one class an entry module defines; a second one (a dataclass, too)
     fails every worker at load ("Expected only one class in custom service code")."""

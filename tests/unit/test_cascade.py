@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from handlers.answer_agreement import probability_bound
-from handlers.cascade import CascadeRequest, confidences, escalated
-from handlers.cascade_options import parse_cascade_options
+from handlers.cascade import confidences, escalated
+from handlers.cascade_options import CascadeOptions, parse_cascade_options
 from handlers.classification_cascade import ANSWERED_BY_HEADER, ClassificationCascadeHandler
 from handlers.errors import ClientError
 from handlers.image_classifier import ImageClassifierHandler
@@ -35,9 +35,8 @@ def test_confidence_is_the_top1_probability_or_the_top1_top2_margin():
 
 
 def test_a_request_escalates_below_its_own_threshold_or_when_it_asks():
-    image = torch.zeros(3, 4, 4, dtype=torch.uint8)
-    requests = [CascadeRequest(image, 5, "auto", 0.5), CascadeRequest(image, 5, "auto", 0.3),
-                CascadeRequest(image, 5, "never", 0.9), CascadeRequest(image, 5, "always", 0.0)]
+    requests = [CascadeOptions(5, "auto", 0.5), CascadeOptions(5, "auto", 0.3),
+                CascadeOptions(5, "never", 0.9), CascadeOptions(5, "always", 0.0)]
     assert escalated(torch.tensor([0.4, 0.4, 0.1, 0.99]), requests) == [True, False, False, True]
 
 
@@ -47,11 +46,12 @@ def options(body: dict[str, Any], headers: dict[str, str] | None = None):
 
 
 def test_options_come_from_the_body_over_headers_and_default_to_auto():
-    assert options({}) == (5, "auto", 0.5)
-    assert options({"escalation": "ALWAYS", "escalation_threshold": 0.8, "top_k": 2}) == (2, "always", 0.8)
+    assert options({}) == CascadeOptions(5, "auto", 0.5)
+    assert options({"escalation": "ALWAYS", "escalation_threshold": 0.8, "top_k": 2}) == \
+        CascadeOptions(2, "always", 0.8)
     headers = {"X-Escalation": "never", "X-Escalation-Threshold": "0.25", "X-Top-K": "3"}
-    assert options({}, headers) == (3, "never", 0.25)
-    assert options({"escalation": "auto"}, headers)[1] == "auto"
+    assert options({}, headers) == CascadeOptions(3, "never", 0.25)
+    assert options({"escalation": "auto"}, headers).escalation == "auto"
 
 
 @pytest.mark.parametrize("body", [{"escalation": "sometimes"}, {"escalation_threshold": 1.5},

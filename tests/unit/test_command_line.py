@@ -61,11 +61,32 @@ def subcommand_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = 
 def test_every_subcommand_has_help(capsys):
     paths = list(subcommand_paths(command_parser()))
     assert ("models", "rollout") in paths and ("lab", "rollout-drill") in paths and len(paths) >= 25
-    for path in paths:
+    for path in [(), *paths]:
         with pytest.raises(SystemExit) as exit_info:
             main([*path, "--help"])
         assert exit_info.value.code == 0
-        assert f"usage: torchserve-vision {' '.join(path)}" in capsys.readouterr().out
+        text = capsys.readouterr().out
+        assert f"usage: torchserve-vision {' '.join(path)}".strip() in text
+        assert "option_strings" not in text and "%(" not in text, path   # help strings render
+
+
+@pytest.mark.parametrize("arguments", [["--help"], ["models", "--help"], ["models", "list", "--help"],
+                                       ["models", "rollout", "--help"], ["server", "start", "--help"],
+                                       ["build", "--help"], ["predict", "--help"]], ids=" ".join)
+def test_help_and_the_model_and_server_commands_import_no_torch(arguments):
+    """The command answers at once: `python -X importtime` lists every module a command
+    imports; torch (seconds to import) must not be among them outside `lab` and building."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "torchserve_vision", *arguments],
+                            capture_output=True, text=True, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "torchserve_vision.cli" in imported   # the measurement saw the command's imports
+    heavy = sorted(name for name in imported if name.split(".")[0] in {"torch", "torchvision", "timm"})
+    assert heavy == [], heavy[:5]
 
 
 def test_the_same_flags_name_the_same_things():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.classification_options import parse_top_k
+from handlers.classification_options import parse_classification_options
 from handlers.errors import ClientError
 from handlers.inference_protocol import (
     V2Request,
@@ -68,6 +68,10 @@ def test_answers_are_v2_tensors_in_the_order_of_the_json_answer():
                         "data": [1, 2, 3, 4, 5, 6, 7, 8]}
     assert detection_outputs([])[0]["shape"] == [0, 4]
     assert "id" not in v2_response("m", "1.0", V2Request(None), [])
+
+
+def parse_top_k(row, header, default: int, class_count: int) -> int:
+    return parse_classification_options(row, header, default, class_count).top_k
 
 
 def test_top_k_comes_from_the_body_then_the_header_then_the_default():

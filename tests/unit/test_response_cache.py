@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from handlers.cache_settings import CacheSettings, parse_cache_section, with_environment
+from handlers.cache_stage import CacheStage
 from handlers.response_cache import (
     CircuitBreaker,
     MemoryLru,
@@ -110,16 +111,16 @@ def test_settings_and_environment_overrides():
 @pytest.fixture()
 def cached_classifier(tiny_classifier, monkeypatch):
     """The tiny classifier with an in-worker cache, counting decodes."""
-    monkeypatch.setattr(tiny_classifier, "cache", ResponseCache(CacheSettings(enabled=True)))
-    monkeypatch.setattr(tiny_classifier, "cache_namespace", "tiny:1.0:test")
+    monkeypatch.setattr(tiny_classifier, "cache",
+                        CacheStage(ResponseCache(CacheSettings(enabled=True)), "tiny:1.0:test"))
     decoded: list[int] = []
-    original = tiny_classifier.decode_request
+    original = tiny_classifier.decode
 
-    def counting(row, header):
+    def counting(parsed):
         decoded.append(1)
-        return original(row, header)
+        return original(parsed)
 
-    monkeypatch.setattr(tiny_classifier, "decode_request", counting)
+    monkeypatch.setattr(tiny_classifier, "decode", counting)
     return tiny_classifier, decoded
 
 
@@ -213,7 +214,7 @@ def test_near_duplicate_mode_answers_a_reencoded_photo_from_the_cache(cached_cla
     from handlers.perceptual_hash import perceptual_hash
 
     handler, _ = cached_classifier
-    monkeypatch.setattr(handler.cache, "near_duplicates", True)
+    monkeypatch.setattr(handler.cache.cache, "near_duplicates", True)
     original, copy = photo_bytes("chelsea.png"), reencoded("chelsea.png", 95)
     assert perceptual_hash(decoded(original)) == perceptual_hash(decoded(copy))  # the premise
     (first,), _ = run(handler, [bytearray(original)])

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from handlers.batch_metrics import emit_batch_metrics
 from handlers.batch_record import BatchRecord
 from handlers.image_classifier import ImageClassifierHandler
-from handlers.serving import emit_batch_metrics
 from tests.archives import archive_context
 from tests.images import photo_bytes
 from tests.recording_metrics import RecordingMetrics

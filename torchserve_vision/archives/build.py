@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,15 @@ from handlers.settings import (
     SettingsError,
     parse_classifier_settings,
     parse_compile,
-    parse_detector_settings,
     parse_model_source,
 )
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
 from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
+from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import (
-    ENTRY_MODULES,
+    SERIALIZED_NAMES,
     DescriptionError,
     ModelDescription,
     ServingSettings,
@@ -44,15 +44,9 @@ from torchserve_vision.model_descriptions import (
 )
 
 HANDLER_PACKAGE = Path(handlers.__file__).resolve().parent
-SETTINGS_PARSERS: dict[str, Callable[[Mapping[str, Any]], object]] = {
-    "classification": parse_classifier_settings,
-    "detection": parse_detector_settings,
-}
-SERIALIZED_NAMES = {"timm": "model.pt", "torchvision": "model.pt", "torchscript": "model.ts.pt",
-                    "export": "model.pt2"}
 
 
-class BuildError(RuntimeError):
+class BuildError(CommandError, RuntimeError):
     """A description or its files cannot make a working archive."""
 
 
@@ -96,7 +90,7 @@ def fixed_seed_state_dict(description: ModelDescription, num_classes: int) -> di
                          f"got {description.weights!r}") from None
     source = model_source(description, num_classes)
     model = fixed_seed_model(lambda: create_architecture(source), seed,
-                             detector=description.task == "detection")
+                             detector=description.kind.network == "detector")
     return model.state_dict()
 
 
@@ -162,7 +156,7 @@ def compile_request(description: ModelDescription) -> CompileRequest | None:
         raise BuildError(f"{description.name}: {error}") from None
     if settings is None:
         return None
-    if description.task != "classification":
+    if not description.kind.compiles:
         raise BuildError(f"{description.name}: 'compile' applies to classification archives only")
     if description.source == "torchscript":
         raise BuildError(f"{description.name}: a TorchScript model cannot be compiled ahead of time; "
@@ -200,7 +194,7 @@ def handler_section(description: ModelDescription, num_classes: int | None,
         section["compiled_packages"] = [{"file": package.file, "target": package.target.to_dict()}
                                         for package in packages]
     try:
-        SETTINGS_PARSERS[description.task](section)
+        description.kind.parse_settings(section)
     except SettingsError as error:
         raise BuildError(f"{description.name}: {error}") from None
     return section
@@ -251,7 +245,7 @@ def run_archiver(description: ModelDescription, staging: Path, weights: Path | N
     module of one's own instead of the task's (it must be inside `staging/extra`, so that it
     lands in the archive)."""
     archiver = Path(sys.executable).with_name("torch-model-archiver")
-    handler = handler or staging / "extra" / "handlers" / ENTRY_MODULES[description.task]
+    handler = handler or staging / "extra" / "handlers" / description.kind.entry_module
     command = [
         str(archiver), "--model-name", description.name, "--version", description.version,
         *(["--serialized-file", str(weights)] if weights is not None else []),

@@ -13,23 +13,15 @@ import json
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from handlers.compiled_model import COMPILED_DIRECTORY
-from handlers.pipeline_settings import parse_cascade_settings, parse_detect_classify_settings
 from handlers.settings import SettingsError
-from torchserve_vision.model_descriptions import ENTRY_MODULES, ModelDescription
-
-STAGE_TASKS = {"cascade": {"first": "classification", "second": "classification"},
-               "detect_then_classify": {"detector": "detection", "classifier": "classification"}}
-PIPELINE_PARSERS: dict[str, Callable[[Mapping[str, Any]], object]] = {
-    "cascade": parse_cascade_settings,
-    "detect_then_classify": parse_detect_classify_settings,
-}
+from torchserve_vision.model_descriptions import ModelDescription
+from torchserve_vision.model_kinds import kind_of
 
 
 class PipelineError(ValueError):
@@ -52,10 +44,10 @@ def copy_stage(description: ModelDescription, role: str, mar_path: Path,
         archive.extractall(tmp)
         unpacked = Path(tmp)
         manifest = json.loads((unpacked / "MAR-INF" / "MANIFEST.json").read_text())["model"]
-        expected = ENTRY_MODULES[STAGE_TASKS[description.task][role]]
-        if Path(manifest.get("handler", "")).name != expected:
+        stage_task = description.kind.stages[role]
+        if Path(manifest.get("handler", "")).name != kind_of(stage_task).entry_module:
             raise PipelineError(f"{description.name}: stage '{role}' must be a "
-                                f"{STAGE_TASKS[description.task][role]} archive; {mar_path.name} "
+                                f"{stage_task} archive; {mar_path.name} "
                                 f"has the handler {manifest.get('handler')!r}")
         handler = yaml.safe_load((unpacked / manifest["configFile"]).read_text())["handler"]
         target.mkdir(parents=True)
@@ -77,12 +69,12 @@ def pipeline_handler_section(description: ModelDescription, store: Path, extra: 
               for role in description.stages}
     section = {**description.handler_options, "stages": stages}
     try:
-        PIPELINE_PARSERS[description.task](section)
+        description.kind.parse_settings(section)
     except SettingsError as error:
         raise PipelineError(f"{description.name}: {error}") from None
-    if description.task == "cascade":
+    if description.kind.stages_share_classes:
         labels = [json.loads((extra / "stages" / role / stages[role]["handler"]["labels_file"]).read_text())
-                  for role in ("first", "second")]
-        if labels[0] != labels[1]:
+                  for role in stages]
+        if any(other != labels[0] for other in labels[1:]):
             raise PipelineError(f"{description.name}: the cascade's stages have different classes")
     return section

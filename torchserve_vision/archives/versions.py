@@ -16,10 +16,11 @@ from typing import Any
 
 import yaml
 
+from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import ServingSettings
 
 
-class ArchiveError(RuntimeError):
+class ArchiveError(CommandError, RuntimeError):
     """A file in the model store is not a readable model archive."""
 
 

@@ -1,8 +1,13 @@
 """The `torchserve-vision` command: one entry point with a subcommand per job.
 
 Each module here turns flags into calls of the library layers and prints the outcome; none
-imports another command. Exit status: 0 done, 1 failed (the message says why; a failed rollout
-has been undone), 2 bad arguments, 130 interrupted (and undone).
+imports another command. Library layers raise `CommandError`s (torchserve_vision.errors); only
+`main` turns them into messages and exit status: 0 done, 1 failed (the message says why; a
+failed rollout has been undone), 2 bad arguments, 130 interrupted (and undone).
+
+The command answers at once: `--help` and the `build`, `server`, `predict` and `models`
+subcommands import no torch until they build an archive; the `lab` subcommands (most of which
+load models) are registered only when the command line asks for `lab`.
 """
 
 from __future__ import annotations
@@ -11,18 +16,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from torchserve_vision.archives.build import BuildError
-from torchserve_vision.archives.versions import ArchiveError
-from torchserve_vision.cli import build, lab, models, predict, server
-from torchserve_vision.client import ManagementError
-from torchserve_vision.lab.pods import PodError
-from torchserve_vision.model_descriptions import DescriptionError
-from torchserve_vision.rollout import RolloutError, RolloutInterrupted
-from torchserve_vision.server_process import ServerError
-from torchserve_vision.torchserve_config import ConfigError
+from torchserve_vision.cli import build, models, predict, server
+from torchserve_vision.cli.common import subcommand
+from torchserve_vision.errors import CommandError
+from torchserve_vision.rollout import RolloutInterrupted
 
-FAILURES = (ArchiveError, BuildError, ConfigError, DescriptionError, ManagementError, PodError,
-            RolloutError, ServerError, TimeoutError)
+FAILURES = (CommandError, TimeoutError)
+LAB_SUMMARY = "load, profile, sweep, tune, compare, measure"
 
 DESCRIPTION = """\
 Serve vision models with TorchServe: build archives, run a server, send images, manage model
@@ -40,17 +40,32 @@ TS_INFERENCE_URL / TS_MANAGEMENT_URL / TS_KEY_FILE.
 """
 
 
-def command_parser() -> argparse.ArgumentParser:
+def asks_for_lab(argv: Sequence[str]) -> bool:
+    """Whether the command's first word (after any top-level options) is `lab`."""
+    words = [word for word in argv if not word.startswith("-")]
+    return bool(words) and words[0] == "lab"
+
+
+def command_parser(with_lab: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; without `with_lab`, `lab` is listed but its actions (and the
+    modules they import) are not registered."""
     parser = argparse.ArgumentParser(prog="torchserve-vision", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (build, server, predict, models, lab):
+    for module in (build, server, predict, models):
         module.register(commands)
+    if with_lab:
+        from torchserve_vision.cli import lab
+
+        lab.register(commands, LAB_SUMMARY)
+    else:
+        subcommand(commands, "lab", LAB_SUMMARY, "").add_argument("action", nargs=argparse.REMAINDER)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = command_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = command_parser(with_lab=asks_for_lab(argv)).parse_args(argv)
     try:
         return int(args.run(args))
     except RolloutInterrupted as error:

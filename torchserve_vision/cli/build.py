@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from torchserve_vision import paths
-from torchserve_vision.archives.build import ENTRY_MODULES, SERIALIZED_NAMES, build_archive
 from torchserve_vision.cli.common import model_store_flag, subcommand
 from torchserve_vision.model_descriptions import (
-    PIPELINE_STAGES,
+    SERIALIZED_NAMES,
     DescriptionError,
     ModelDescription,
     load_descriptions,
     parse_description,
     with_settings_of,
 )
+from torchserve_vision.model_kinds import KINDS, kind_of
 from torchserve_vision.torchserve_config import config_in_sync, write_models_block
 
 DESCRIPTION = """\
@@ -56,7 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="exit 1 when these configs (default: both) disagree with the descriptions")
     single = parser.add_argument_group("one model from flags (instead of --models)")
     single.add_argument("--name")
-    single.add_argument("--task", default="classification", choices=sorted(ENTRY_MODULES))
+    single.add_argument("--task", default="classification", choices=sorted(KINDS))
     single.add_argument("--source", choices=sorted(SERIALIZED_NAMES), default="torchvision")
     single.add_argument("--architecture", help="timm or torchvision model name, e.g. resnet50")
     single.add_argument("--weights", help="state-dict file, or TorchScript / torch.export file")
@@ -94,12 +94,13 @@ def pipeline_from_flags(args: argparse.Namespace) -> ModelDescription:
 
 
 def description_from_flags(args: argparse.Namespace) -> ModelDescription:
-    if args.task in PIPELINE_STAGES:
+    kind = kind_of(args.task)
+    if kind.is_pipeline:
         return pipeline_from_flags(args)
     options: dict[str, Any] = {}
     if args.top_k:
         options["top_k"] = args.top_k
-    if args.task == "detection":
+    if kind.network == "detector":
         options["detection"] = {"output": args.detection_output}
         if args.input_size:
             options["detection"]["input_size"] = args.input_size
@@ -108,7 +109,7 @@ def description_from_flags(args: argparse.Namespace) -> ModelDescription:
                       "mean": args.mean, "std": args.std}
         if any(value is not None for value in preprocess.values()):
             options["preprocess"] = {k: v for k, v in preprocess.items() if v is not None}
-    labels = args.labels or ("coco" if args.task == "detection" else "imagenet")
+    labels = args.labels or kind.default_labels
     return parse_description({
         "name": args.name, "version": args.version or "1.0", "task": args.task, "labels": labels,
         "model": {"source": args.source, "architecture": args.architecture,
@@ -129,7 +130,7 @@ def settings_base(built: ModelDescription, models: Path) -> ModelDescription | N
 
 def chosen_descriptions(args: argparse.Namespace) -> list[ModelDescription]:
     if args.name:
-        if not args.weights and args.task not in PIPELINE_STAGES:
+        if not args.weights and not kind_of(args.task).is_pipeline:
             raise DescriptionError("--weights is required with --name")
         built = description_from_flags(args)
         base = None if args.fresh else settings_base(built, args.models)
@@ -158,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
         for path, in_sync in results.items():
             print(f"{path}: {'in sync' if in_sync else 'OUT OF SYNC'} with {args.models}")
         return 0 if all(results.values()) else 1
+
+    from torchserve_vision.archives.build import build_archive  # torch: only to build
+
     for description in chosen_descriptions(args):
         print(f"built {build_archive(description, args.model_store)}", flush=True)
     if args.write_config is not None:

@@ -43,7 +43,8 @@ def client_from(args: argparse.Namespace, dry_run: bool = False) -> TorchServeCl
 
 def subcommand(commands: argparse._SubParsersAction, name: str, summary: str, description: str,
                parents: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
-    """A subcommand: `summary` in its parent's list, `description` in its own --help."""
-    return commands.add_parser(name, help=summary, description=description,
+    """A subcommand: `summary` in its parent's list, `description` in its own --help. (argparse
+    %-formats a help string: a literal `%` is doubled here.)"""
+    return commands.add_parser(name, help=summary.replace("%", "%%"), description=description,
                                parents=parents or [],
                                formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -21,6 +21,7 @@ from torchserve_vision.cli.common import (
     model_store_flag,
     subcommand,
 )
+from torchserve_vision.errors import LabError
 from torchserve_vision.lab import (
     cache_benchmark,
     capacity_plan,
@@ -50,9 +51,8 @@ deployment's replicas and autoscaling targets.
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    parser = subcommand(commands, "lab",
-                        "load, profile, sweep, tune, compare, measure", DESCRIPTION)
+def register(commands: argparse._SubParsersAction, summary: str) -> None:
+    parser = subcommand(commands, "lab", summary, DESCRIPTION)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_compile_speed,
                 add_precision, add_startup, add_rollout_drill, add_plan,
@@ -391,7 +391,7 @@ def add_plan(actions: argparse._SubParsersAction) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     if not 0 <= args.headroom < 1:
-        raise SystemExit("error: --headroom must be in [0, 1)")
+        raise LabError("--headroom must be in [0, 1)")
     client = client_from(args)
     body = (args.image or photo_path()).read_bytes()
     target = loadgen.LoadTarget(client.prediction_url(args.model, None), [body],
@@ -453,7 +453,7 @@ def run_cascade(args: argparse.Namespace) -> int:
     described = {d.name: d for d in load_descriptions(args.models)}
     cascade = described.get(args.cascade)
     if cascade is None or cascade.task != "cascade":
-        raise SystemExit(f"error: {args.cascade} is not a cascade in {args.models}")
+        raise LabError(f"{args.cascade} is not a cascade in {args.models}")
     inputs = cascade_tradeoff.cascade_inputs(args.inputs)
     points = cascade_tradeoff.tradeoff(client_from(args), args.model_store.resolve(), cascade,
                                        inputs, args.clients, args.duration)

@@ -29,13 +29,13 @@ from torchserve_vision.rollout import (
     WORKERS_DEADLINE_MARGIN_S,
     RolloutError,
     RolloutPlan,
-    record,
     rollback,
     rollout,
     scale,
     wait_for_workers,
 )
-from torchserve_vision.server_state import default_version
+from torchserve_vision.rollout_history import record
+from torchserve_vision.server_state import default_version, local_gpu_count
 
 DESCRIPTION = """\
 Manage models on a live TorchServe: list, describe, register, scale, set-default, unregister,
@@ -99,9 +99,7 @@ def gpu_count(client: TorchServeClient, gpus: int | None) -> int:
     host = urlparse(client.management_url).hostname or ""
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise RolloutError("the server is not on this machine: say how many GPUs it has with --gpus")
-    import torch
-
-    return torch.cuda.device_count()
+    return local_gpu_count()
 
 
 def worker_counts(args: argparse.Namespace, client: TorchServeClient,
@@ -152,7 +150,7 @@ def command_scale(client: TorchServeClient, args: argparse.Namespace) -> None:
     low, high = worker_counts(args, client, (current["minWorkers"], current["maxWorkers"]))
     entry = scale(client, args.model, current["modelVersion"], low, high, args.model_store,
                   photo_path().read_bytes(), print, args.timeout)
-    if entry and not client.dry_run:
+    if entry is not None and not client.dry_run:
         record(args.history, entry)
 
 
@@ -203,15 +201,17 @@ def command_rollout(client: TorchServeClient, args: argparse.Namespace) -> None:
     entry = rollout(client, plan, args.model_store, print)
     if not client.dry_run:
         record(args.history, entry)
-    print(f"rolled out {args.model} {entry['to_version']} (was {entry['from_version']})")
+    print(f"rolled out {args.model} {entry.to_version} (was {entry.from_version})")
 
 
 def command_rollback(client: TorchServeClient, args: argparse.Namespace) -> None:
     template = rollout_plan(client, args, archive="")
     entry = rollback(client, args.model, args.history, args.model_store, template, print)
+    if entry is None:
+        return
     if not client.dry_run:
         record(args.history, entry)
-    print(f"rolled back {args.model} to {entry['to_version']}")
+    print(f"rolled back {args.model} to {entry.to_version}")
 
 
 # --- arguments ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torchserve_vision import paths
 from torchserve_vision.cli.common import subcommand
-from torchserve_vision.deployment_settings import DeploymentSettings, SettingsError
+from torchserve_vision.deployment_settings import DeploymentSettings
 from torchserve_vision.server_process import (
     ForegroundOptions,
     TorchServeInstance,
@@ -87,11 +87,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def instance_from(args: argparse.Namespace) -> TorchServeInstance:
     log_config = None if getattr(args, "builtin_log_config", False) else getattr(args, "log_config",
                                                                                 paths.LOG_CONFIG)
-    try:
-        settings = DeploymentSettings.from_environment()
-    except SettingsError as error:
-        raise SystemExit(f"error: {error}") from None
-    return instance_for(args.config, args.run_dir, log_config, settings)
+    return instance_for(args.config, args.run_dir, log_config, DeploymentSettings.from_environment())
 
 
 def run_start(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ from torchserve_vision.lab.cascade_tradeoff import cascade_inputs
 from torchserve_vision.lab.compare import register, unregister_all
 from torchserve_vision.lab.loadgen import LoadTarget, Report, run_closed_loop, run_open_loop
 from torchserve_vision.model_descriptions import ServingSettings
-from torchserve_vision.server_state import default_version
+from torchserve_vision.server_state import served_default_version
 from torchserve_vision.torchserve_config import free_ports
 
 HOT_PHOTOS = 20
@@ -136,9 +136,7 @@ def redis_round_trips_ms(url: str, batch_size: int, answer_bytes: int = 400,
 
 def benchmark(client: TorchServeClient, store: Path, model: str, clients: int,
               duration_s: float) -> dict[str, Any]:
-    current = default_version(client, model)
-    if current is None:
-        raise SystemExit(f"{model} is not served at {client.management_url}: run scripts/demo.sh")
+    current = served_default_version(client, model)
     settings = ServingSettings.of_version(current)
     photos = cascade_inputs(320)
     names = {config: f"lab_cache_{config}" for config in CONFIGS}

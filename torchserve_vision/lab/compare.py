@@ -36,7 +36,7 @@ from torchserve_vision.lab.loadgen import LoadTarget, Report, run_closed_loop
 from torchserve_vision.lab.profile import profile_archive
 from torchserve_vision.model_descriptions import ServingSettings, resolve_labels
 from torchserve_vision.rollout import wait_for_workers
-from torchserve_vision.server_state import default_version, versions_of
+from torchserve_vision.server_state import served_default_version, versions_of
 
 BUILTIN = "builtin_efficientnet_lite0"
 BATCH_ONE = "efficientnet_lite0_batch1"
@@ -114,9 +114,7 @@ def breakdown_of(model_log: Path, model: str, version: str, window: list[datetim
 
 def compare(client: TorchServeClient, store: Path, model: str, image: bytes, clients: int,
             duration_s: float, model_log: Path) -> dict[str, Any]:
-    current = default_version(client, model)
-    if current is None:
-        raise SystemExit(f"{model} is not served at {client.management_url}: run scripts/demo.sh")
+    current = served_default_version(client, model)
     settings = ServingSettings.of_version(current)
     builtin_archive = build_builtin_archive(store)
     register(client, store, builtin_archive, BUILTIN, settings)

@@ -16,20 +16,10 @@ import torch
 import yaml
 from torch import nn
 
-from handlers.classification_cascade import ClassificationCascadeHandler
-from handlers.detect_then_classify import DetectThenClassifyHandler
-from handlers.image_classifier import ImageClassifierHandler
 from handlers.model_loading import load_model
-from handlers.object_detector import ObjectDetectorHandler
 from handlers.serving import BatchedImageHandler
 from handlers.settings import ClassifierSettings, parse_classifier_settings
-
-ENTRY_CLASSES: dict[str, type[BatchedImageHandler[Any, Any, Any, Any]]] = {
-    "image_classifier.py": ImageClassifierHandler,
-    "object_detector.py": ObjectDetectorHandler,
-    "classification_cascade.py": ClassificationCascadeHandler,
-    "detect_then_classify.py": DetectThenClassifyHandler,
-}
+from torchserve_vision.model_kinds import kind_of_entry_module
 
 
 class LocalContext:
@@ -100,7 +90,7 @@ def load_handler(model_dir: Path, batch_size: int = 8,
                  gpu_id: int | None = None) -> BatchedImageHandler[Any, Any, Any, Any]:
     """The archive's handler class (from its manifest), initialized on the CPU or `gpu_id`."""
     context = archive_context(model_dir, batch_size, gpu_id=gpu_id)
-    handler_class = ENTRY_CLASSES[Path(context.manifest["model"]["handler"]).name]
-    handler = handler_class()
+    handler: BatchedImageHandler[Any, Any, Any, Any] = \
+        kind_of_entry_module(context.manifest["model"]["handler"]).handler_class()()
     handler.initialize(context)
     return handler

@@ -15,11 +15,13 @@ from pathlib import Path
 import requests
 
 from torchserve_vision.deployment_settings import DeploymentSettings
+from torchserve_vision.errors import CommandError
 from torchserve_vision.server_process import TorchServeInstance, instance_for, stop
 from torchserve_vision.torchserve_config import free_ports
+from torchserve_vision.waiting import wait_until
 
 
-class PodError(RuntimeError):
+class PodError(CommandError, RuntimeError):
     """The process did not become ready, or exited when it should not have."""
 
 
@@ -76,14 +78,13 @@ class Pod:
 
     def wait_ready(self, timeout_s: float = 240.0) -> float:
         """Seconds until /ready answers 200; PodError if the process exits or time runs out."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout_s:
+        def ready_or_exited() -> bool:
             if self.process is None or self.process.poll() is not None:
                 raise PodError(f"{self.name} exited before it was ready:\n{self.output()[-3000:]}")
-            if self.ready():
-                return time.monotonic() - started
-            time.sleep(0.1)
-        raise PodError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.output()[-3000:]}")
+            return self.ready()
+
+        return wait_until(ready_or_exited, timeout_s, f"{self.name} to be ready",
+                          error=lambda message: PodError(f"{message}:\n{self.output()[-3000:]}"))
 
     def terminate(self) -> None:
         """SIGTERM, as the kubelet sends it."""

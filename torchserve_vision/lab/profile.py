@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from torchserve_vision.errors import LabError
 from torchserve_vision.lab.batch_model import BatchTimeFit, fit_batch_time
 from torchserve_vision.lab.local_handler import archive_context, extract_archive, load_handler
 
@@ -74,7 +75,7 @@ def median_ms(run: Callable[[], Any], repeats: int, synchronize: Callable[[], No
 def profile_archive(mar: Path, max_batch: int, repeats: int, image: bytes, image_name: str,
                     device: str = "cpu") -> Profile:
     if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device here")
+        raise LabError("--device cuda: no CUDA device here")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = extract_archive(mar, Path(tmp) / "model")
         handler = load_handler(model_dir, max_batch, gpu_id=0 if device == "cuda" else None)
@@ -84,7 +85,7 @@ def profile_archive(mar: Path, max_batch: int, repeats: int, image: bytes, image
         sizes = batch_sizes_up_to(max_batch)
         model_ms, handler_ms = [], []
         for size in sizes:
-            item = handler.decode_request({"body": bytearray(image)}, lambda _name: None)
+            item = handler.decode(handler.parse_request({"body": bytearray(image)}, lambda _name: None))
             with torch.inference_mode():
                 model_input = handler.preprocess([item] * size)
                 model_ms.append(median_ms(partial(handler.infer, model_input), repeats, synchronize))

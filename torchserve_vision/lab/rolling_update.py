@@ -33,6 +33,7 @@ from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.photos import photo_path
 from torchserve_vision.server_process import stop as stop_torchserve
 from torchserve_vision.torchserve_config import free_ports, server_config
+from torchserve_vision.waiting import wait_until
 
 CHECK_INTERVAL_MS = 250
 
@@ -110,14 +111,6 @@ def servers_up(stats_port: int) -> int:
         return -1
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise PodError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: float = 20.0,
              drain_delay_s: float = 2.0, settle_s: float = 3.0, load_models: str | None = None,
              graceful: bool = True, roll_count: int | None = None, stock_stop_after: bool = False,
@@ -144,7 +137,8 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
                 pod.wait_ready()
             balancer = subprocess.Popen([haproxy_binary(), "-db", "-f", str(root / "haproxy.cfg")],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wait_until(lambda: servers_up(stats_port) == pod_count, 30, "HAProxy to see every pod")
+            wait_until(lambda: servers_up(stats_port) == pod_count, 30, "HAProxy to see every pod",
+                       interval_s=0.05, error=PodError)
             on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
             plan = [(pod, graceful) for pod in pods[:roll_count]]
             plan += [(pods[0], False)] if stock_stop_after else []
@@ -183,7 +177,8 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
             restarted = time.monotonic()
             pod.start()
             pod.wait_ready()
-            wait_until(lambda: servers_up(stats_port) == len(pods), 30, f"HAProxy to take {pod.name} back")
+            wait_until(lambda: servers_up(stats_port) == len(pods), 30, f"HAProxy to take {pod.name} back",
+                       interval_s=0.05, error=PodError)
             steps.append(PodStep(pod.name, graceful, code, stop_s, time.monotonic() - restarted))
             on_step(f"{pod.name}: exit {code} {stop_s:.1f} s after the stop; back in rotation after "
                     f"{steps[-1].restart_s:.1f} s")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from torchserve_vision.archives.versions import archive_with_version
@@ -28,17 +27,10 @@ from torchserve_vision.server_process import (
 )
 from torchserve_vision.server_state import kill_worker_and_wait, ready_workers
 from torchserve_vision.torchserve_config import server_config
+from torchserve_vision.waiting import wait_until
 
 READY_LINE = re.compile(r"worker ready model=(\S+) version=(\S+) device=\S+ runner=(\S+) .*"
                         r"startup_ms=(\d+)")
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not ready after {timeout_s:.0f} s")
-        time.sleep(0.1)
 
 
 def worker_startup_ms(instance: TorchServeInstance) -> list[tuple[str, str, int]]:
@@ -53,7 +45,8 @@ def scale_up_s(client: TorchServeClient, model: str) -> float:
     count, version = len(current["workers"]), current["modelVersion"]
     started = time.monotonic()
     client.scale(model, version, count + 1, count + 1)
-    wait_until(lambda: ready_workers(client.describe(model, version)[0]) >= count + 1)
+    wait_until(lambda: ready_workers(client.describe(model, version)[0]) >= count + 1, 300,
+               f"{count + 1} READY workers of {model} {version}")
     elapsed = time.monotonic() - started
     client.scale(model, version, current["minWorkers"], current["maxWorkers"])  # idle: no load here
     return elapsed
@@ -67,7 +60,8 @@ def new_version_s(client: TorchServeClient, model: str, store: Path) -> float:
         started = time.monotonic()
         client.register(archive, current["batchSize"], current["maxBatchDelay"], 1,
                         current["responseTimeout"], current["startupTimeout"])
-        wait_until(lambda: ready_workers(client.describe(model, "startup-check")[0]) >= 1)
+        wait_until(lambda: ready_workers(client.describe(model, "startup-check")[0]) >= 1, 300,
+                   f"a READY worker of {model} startup-check")
         return time.monotonic() - started
     finally:
         client.unregister(model, "startup-check")

@@ -25,7 +25,7 @@ from torchserve_vision.client import TorchServeClient
 from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout import RolloutError, RolloutPlan, rollout
-from torchserve_vision.server_state import default_version
+from torchserve_vision.server_state import default_version, served_default_version
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,7 @@ def choose_operating_point(points: Sequence[SweepPoint], sla_ms: float) -> Sweep
 def apply_settings(client: TorchServeClient, model: str, store: Path, settings: ServingSettings,
                    smoke_image: bytes) -> None:
     """Roll the model's current archive out with `settings` (a new version of the same archive)."""
-    current = default_version(client, model)
-    if current is None:
-        raise SystemExit(f"{model} is not registered on {client.management_url}")
+    current = served_default_version(client, model)
     if ServingSettings.of_version(current) == settings:
         return
     version = settings_version(current["modelVersion"], settings)

@@ -23,8 +23,8 @@ from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.lab.loadgen import LoadTarget, Report, run_open_loop
 from torchserve_vision.lab.profile import Profile, profile_archive
 from torchserve_vision.lab.sweep import SweepPoint, apply_settings, choose_operating_point
-from torchserve_vision.model_descriptions import ServingSettings, load_descriptions
-from torchserve_vision.server_state import default_version
+from torchserve_vision.model_descriptions import DescriptionError, ServingSettings, load_descriptions
+from torchserve_vision.server_state import default_version, served_default_version
 from torchserve_vision.torchserve_config import write_models_block
 
 
@@ -51,15 +51,13 @@ def update_models_yaml(path: Path, model: str, batch_size: int, delay_ms: int) -
             blocks[index] = re.sub(r"(?m)^(\s+max_batch_delay_ms:) \d+", rf"\1 {delay_ms}", block)
             path.write_text("".join(blocks))
             return
-    raise SystemExit(f"{model} is not described in {path}")
+    raise DescriptionError(f"{model} is not described in {path}")
 
 
 def verify(client: TorchServeClient, model: str, store: Path, recommendation: Recommendation,
            rate_rps: float, duration_s: float) -> Report:
     """Serve the model with the recommended settings and drive it open-loop at `rate_rps`."""
-    current = default_version(client, model)
-    if current is None:
-        raise SystemExit(f"{model} is not served at {client.management_url}: start the server first")
+    current = served_default_version(client, model)
     image = benchmark_jpeg("small")
     settings = replace(ServingSettings.of_version(current), batch_size=recommendation.batch_size,
                        max_batch_delay_ms=recommendation.max_batch_delay_ms,

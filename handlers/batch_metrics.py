@@ -1,0 +1,50 @@
+"""A batch's record and a worker's refused packages as TorchServe metrics (Prometheus with
+metrics_mode=prometheus and model_metrics_auto_detect=true). No-ops without a metrics cache; the
+one import from TorchServe happens only when there is one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from handlers.batch_record import STAGES, BatchRecord
+from handlers.compiled_model import CompiledModelRefused
+
+
+@dataclass(frozen=True)
+class MetricDimension:
+    """A metric dimension, shaped like `ts.metrics.dimension.Dimension` (name, value)."""
+
+    name: str
+    value: str
+
+
+def emit_batch_metrics(metrics: Any, record: BatchRecord) -> None:
+    """Export a batch's record through TorchServe's metrics cache."""
+    if metrics is None:
+        return
+    from ts.metrics.metric_type_enum import MetricTypes  # the glue's only TorchServe import
+
+    metrics.add_metric("HandlerBatchSize", record.size, "count", metric_type=MetricTypes.GAUGE)
+    metrics.add_metric("HandlerCompiledModel", int(record.runner == "aot"), "count",
+                       metric_type=MetricTypes.GAUGE)
+    metrics.add_counter("HandlerBatches", 1)
+    metrics.add_counter("HandlerRequests", record.size)
+    for stage in STAGES:
+        metrics.add_metric(f"Handler{stage.capitalize()}Ms", round(record.stage_ms[stage], 3), "ms",
+                           metric_type=MetricTypes.GAUGE)
+    for reason, count in record.rejected.items():
+        metrics.add_counter("HandlerRejectedRequests", count, dimensions=[MetricDimension("Reason", reason)])
+    if record.oom_splits:
+        metrics.add_counter("HandlerOutOfMemorySplits", record.oom_splits)
+    for name, count in record.counters.items():
+        metrics.add_counter(f"Handler{name}", count)
+    for name, value in record.gauges.items():
+        metrics.add_metric(f"Handler{name}", value, "count", metric_type=MetricTypes.GAUGE)
+
+
+def emit_compiled_model_refusal(metrics: Any, refusal: CompiledModelRefused) -> None:
+    """Count a worker that serves eagerly because its compiled package was refused."""
+    if metrics is not None:
+        metrics.add_counter("HandlerCompiledModelRefusals", 1,
+                            dimensions=[MetricDimension("Reason", refusal.kind)])

@@ -1,0 +1,53 @@
+"""The request protocols as a stage of `handle`: TorchServe's own `/predictions` form and the
+Open Inference Protocol (KServe v2). `read` turns a v2 request into the row a `/predictions`
+request of the same content would be; `body` writes a settled request's answer or error in the
+form it was asked in (see handlers.inference_protocol for the v2 wire format)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from handlers.errors import ClientError
+from handlers.inference_protocol import (
+    TensorOutput,
+    V2Request,
+    is_v2_request,
+    v2_error,
+    v2_response,
+    v2_to_row,
+)
+from handlers.request_slot import RequestSlot
+
+
+@dataclass(frozen=True)
+class ProtocolStage:
+    """`outputs`: one answer as v2 tensors (the handler's `v2_outputs`)."""
+
+    model_name: str
+    model_version: str
+    outputs: Callable[[Any], list[TensorOutput]]
+
+    def read(self, slot: RequestSlot) -> None:
+        """Mark a v2 request as one and give it its `/predictions` row; refuse a malformed one."""
+        body = slot.row.get("body")
+        if not is_v2_request(body):
+            return
+        slot.v2 = V2Request(None)
+        try:
+            slot.row, slot.v2 = v2_to_row(slot.row["body"])
+        except ClientError as error:
+            slot.refuse(error)
+
+    def body(self, slot: RequestSlot) -> bytes:
+        """The JSON body of a settled request."""
+        if slot.error is not None:
+            if slot.v2 is None:
+                return slot.error.to_json_bytes()
+            return json.dumps(v2_error(slot.error)).encode("utf-8")
+        if slot.v2 is None:
+            return json.dumps(slot.answer).encode("utf-8")
+        return json.dumps(v2_response(self.model_name, self.model_version, slot.v2,
+                                      self.outputs(slot.answer))).encode("utf-8")

@@ -1,0 +1,81 @@
+"""One request of a batch, as one object: what it asked, what it became, how it was answered.
+
+`handle` (handlers.serving) makes one `RequestSlot` per request and runs stages over the slots:
+the protocol reads the row, the handler parses it once into a `ParsedRequest` (image bytes and
+a frozen options dataclass of its kind), the cache may answer it, the handler decodes it into a
+`DecodedImage` and the model answers it. A slot is settled exactly once: an answer or a
+ClientError; nothing is tracked by position in parallel lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from handlers.errors import ClientError
+from handlers.inference_protocol import V2Request
+
+Options = TypeVar("Options")
+HeaderReader = Callable[[str], "str | None"]
+
+
+@dataclass(frozen=True)
+class ParsedRequest(Generic[Options]):
+    """A request's encoded image and its options (one frozen dataclass per model kind)."""
+
+    image_bytes: bytes
+    options: Options
+
+
+@dataclass(frozen=True)
+class DecodedImage(Generic[Options]):
+    """A decoded request: its image (`uint8[3, H, W]`, display orientation, on the worker's
+    device) and its options."""
+
+    image: torch.Tensor
+    options: Options
+
+
+@dataclass(eq=False)
+class RequestSlot:
+    """One request of a batch through every stage. `row` is what TorchServe handed over (a v2
+    request's row once the protocol has read it); `v2` is set for an Open Inference Protocol
+    request; `cache_keys` are the exact key and, in near-duplicate mode, the perceptual one."""
+
+    index: int
+    row: Mapping[str, Any]
+    header: HeaderReader
+    v2: V2Request | None = None
+    parsed: ParsedRequest[Any] | None = None
+    decoded: Any = None
+    cache_status: str | None = None
+    cache_keys: list[str] = field(default_factory=list)
+    answer: Any = None
+    error: ClientError | None = None
+    settled: bool = False
+    from_cache: bool = False
+
+    @property
+    def is_open(self) -> bool:
+        """Still to be answered: neither refused nor answered yet."""
+        return not self.settled
+
+    def refuse(self, error: ClientError) -> None:
+        self._settle()
+        self.error = error
+
+    def answer_with(self, answer: Any, *, from_cache: bool = False) -> None:
+        self._settle()
+        self.answer, self.from_cache = answer, from_cache
+
+    def _settle(self) -> None:
+        if self.settled:
+            raise ValueError(f"request {self.index} is answered twice")
+        self.settled = True
+
+
+def open_slots(slots: list[RequestSlot]) -> list[RequestSlot]:
+    return [slot for slot in slots if slot.is_open]

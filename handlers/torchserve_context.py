@@ -1,0 +1,60 @@
+"""What a handler sees of TorchServe: the context protocol, request headers, TorchServe's own
+describe job, the worker's manifest and start-up time. Typed against the small
+`TorchServeContext` protocol, not `ts.context.Context`, so tests need no server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import psutil
+
+from handlers.request_slot import HeaderReader
+
+JSON_CONTENT_TYPE = "application/json"
+DESCRIBE_HEADER = "describe"   # TorchServe's `GET /models/{m}?customized=true` sends "True"
+BATCH_SIZE_HEADER = "X-Batch-Size"
+
+
+def is_describe_request(data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> bool:
+    """TorchServe's describe job (`?customized=true`): alone in its batch, no payload, header
+    `describe: True`. A client's request that carries the header with an image is predicted as
+    usual, and one request's header never decides for a batch of several."""
+    return (len(data) == 1 and not any(data[0].values())
+            and context.get_request_header(0, DESCRIBE_HEADER) == "True")
+
+
+def header_reader(context: TorchServeContext, index: int) -> HeaderReader:
+    return lambda name: context.get_request_header(index, name)
+
+
+def required_serialized_file(serialized_file: str | None) -> str:
+    """The manifest's serialized file name; ValueError for an archive built without one."""
+    if serialized_file is None:
+        raise ValueError("the archive has no serialized model file (--serialized-file)")
+    return serialized_file
+
+
+def worker_process_age_ms() -> float:
+    """Milliseconds since this process started: a worker's start-up time when it is ready
+    (Python and torch imports, model load, warm-up)."""
+    return (time.time() - psutil.Process().create_time()) * 1000
+
+
+class TorchServeContext(Protocol):
+    """The parts of `ts.context.Context` the handlers use."""
+
+    manifest: dict[str, Any]
+    model_yaml_config: dict[str, Any] | None
+
+    @property
+    def system_properties(self) -> dict[str, Any]: ...
+
+    def get_request_header(self, idx: int, key: str) -> str | None: ...
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None: ...
+
+    def set_response_content_type(self, idx: int, value: str) -> None: ...
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None: ...

@@ -1,0 +1,100 @@
+"""The batch contract of `handle`, with a tiny handler that needs no model: every request gets
+exactly one outcome at its own index; a ClientError stays with its request; a server fault
+fails the batch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from handlers.errors import ClientError
+from handlers.request_slot import DecodedImage, ParsedRequest, RequestSlot
+from handlers.serving import BatchedImageHandler, HeaderReader
+from torchserve_vision.lab.local_handler import LocalContext
+
+
+class DigitHandler(BatchedImageHandler[int, list[int], list[int], Any]):
+    """Requests are text digits; the answer is ten times the digit."""
+
+    def __init__(self, answers_dropped: int = 0) -> None:
+        super().__init__()
+        self.precision, self.answers_dropped, self.decoded = "fp32", answers_dropped, 0
+
+    def parse_settings(self, handler_section: Mapping[str, Any]) -> Any:
+        return None
+
+    def load(self, serialized_file: str | None) -> None:
+        pass
+
+    def parse_request(self, row: Mapping[str, Any], header: HeaderReader) -> ParsedRequest[int]:
+        text = bytes(row["body"]).decode()
+        if text == "boom":
+            raise RuntimeError("a bug")
+        return ParsedRequest(row["body"], self.parse_options(row, header))
+
+    def parse_options(self, row: Mapping[str, Any], header: HeaderReader) -> int:
+        text = bytes(row["body"]).decode()
+        if not text.isdigit():
+            raise ClientError(400, "NotADigit", f"{text!r} is not a digit")
+        return int(text)
+
+    def decode(self, parsed: ParsedRequest[int]) -> DecodedImage[int]:
+        self.decoded += 1
+        return DecodedImage(None, parsed.options)  # type: ignore[arg-type]
+
+    def preprocess(self, items: Sequence[DecodedImage[int]]) -> list[int]:
+        return [item.options for item in items]
+
+    def infer(self, model_input: list[int]) -> list[int]:
+        return [value * 10 for value in model_input]
+
+    def postprocess(self, model_output: list[int], model_input: list[int],
+                    items: Sequence[DecodedImage[int]]) -> list[Any]:
+        return model_output[self.answers_dropped:]
+
+    def warm_up(self, batch_size: int) -> None:
+        pass
+
+    def v2_outputs(self, answer: Any) -> list[dict[str, Any]]:
+        return []
+
+
+def handle(handler: DigitHandler, bodies: list[str]) -> tuple[list[Any], LocalContext]:
+    context = LocalContext(".", {}, {})
+    rows = [{"body": bytearray(body.encode())} for body in bodies]
+    return [json.loads(body) for body in handler.handle(rows, context)], context
+
+
+def test_client_errors_stay_at_their_own_index():
+    handler = DigitHandler()
+    answers, context = handle(handler, ["1", "x", "3", "y"])
+    assert answers[0] == 10 and answers[2] == 30
+    assert [answers[i]["type"] for i in (1, 3)] == ["NotADigit", "NotADigit"]
+    assert [context.status(i) for i in range(4)] == [200, 400, 200, 400]
+    assert handler.decoded == 2     # refused requests are never decoded
+
+
+def test_a_server_fault_is_not_turned_into_a_client_error():
+    with pytest.raises(RuntimeError, match="a bug"):
+        handle(DigitHandler(), ["1", "boom"])
+
+
+def test_answers_must_cover_every_decoded_request():
+    with pytest.raises(ValueError, match="1 answers for 2"):
+        handle(DigitHandler(answers_dropped=1), ["1", "2"])
+
+
+def test_a_request_is_settled_once():
+    slot = RequestSlot(0, {}, lambda name: None)
+    slot.answer_with([1])
+    assert not slot.is_open
+    with pytest.raises(ValueError, match="answered twice"):
+        slot.refuse(ClientError(400, "Late", "too late"))
+
+
+def test_client_error_rejects_non_4xx_statuses():
+    with pytest.raises(ValueError):
+        ClientError(500, "Oops", "server faults are not client errors")

@@ -13,7 +13,7 @@ echo
 $TSV predict "$PHOTOS/chelsea.png" --model efficientnet_lite0
 echo
 echo "The detector below runs the real SSDlite320-MobileNetV3 architecture with fixed-seed weights"
-echo "(no COCO weights can be installed here), so its boxes are not meaningful; see the README to"
+echo "(no COCO weights can be installed here), so its boxes are not meaningful; see docs/requests.md to"
 echo "build it from a real checkpoint."
 $TSV predict "$PHOTOS/astronaut.png" --model ssdlite320 --max-detections 5
 cat <<TEXT

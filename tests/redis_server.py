@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from pathlib import Path
 import redis
 
 from torchserve_vision.torchserve_config import free_ports
+from torchserve_vision.waiting import wait_until
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -33,15 +33,13 @@ class RedisServer:
              "--appendonly", "no", "--dir", str(self.directory), "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_timeout=0.5)
-        deadline = time.monotonic() + 10
-        while True:
+        def answers() -> bool:
             try:
-                client.ping()
-                return
+                return bool(client.ping())
             except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                return False
+
+        wait_until(answers, 10, f"redis-server on port {self.port}", interval_s=0.05)
 
     def kill(self) -> None:
         """SIGKILL, as a crashed or unreachable Redis."""

@@ -10,6 +10,8 @@ from typing import Any
 
 import requests
 
+from torchserve_vision.waiting import wait_until
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -59,11 +61,10 @@ class ContinuousLoad:
             thread.join(timeout=90)
 
     def wait_for(self, count: int, timeout_s: float = 60.0) -> None:
-        """Block until at least `count` more answers have arrived."""
+        """Block until at least `count` more answers have arrived (TimeoutError after `timeout_s`)."""
         target = len(self.outcomes) + count
-        deadline = time.monotonic() + timeout_s
-        while len(self.outcomes) < target and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(self.outcomes) >= target, timeout_s, f"{count} answers",
+                   interval_s=0.05)
 
     def failures(self) -> list[Outcome]:
         return [outcome for outcome in self.outcomes if outcome.status != 200]

@@ -3,10 +3,12 @@ thread, so a line can appear a little after the response that caused it: wait fo
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
+
+from torchserve_vision.waiting import wait_until
 
 
 def log_lines(path: Path) -> list[str]:
@@ -17,12 +19,9 @@ def wait_for_log(path: Path, ready: Callable[[list[str]], bool], timeout_s: floa
                  poll_s: float = 0.05) -> list[str]:
     """The log's lines once `ready(lines)` holds, or as they are after `timeout_s` (read every
     `poll_s`)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = log_lines(path)
-        if ready(lines) or time.monotonic() > deadline:
-            return lines
-        time.sleep(poll_s)
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: ready(log_lines(path)), timeout_s, f"lines in {path}", interval_s=poll_s)
+    return log_lines(path)
 
 
 def rejected_requests(model_log_lines: list[str]) -> int:

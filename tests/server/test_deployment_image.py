@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from torchserve_vision.client import KeyFile
 from torchserve_vision.deployment_settings import local_url
 from torchserve_vision.prometheus_text import series_names
 from torchserve_vision.torchserve_config import free_ports, read_properties, server_config
+from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 
@@ -54,16 +54,14 @@ def test_the_image_command_serves_exposes_the_autoscaling_series_and_stops_clean
         process = subprocess.Popen(command, cwd=workdir, env=environment, stdout=output,
                                    stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 240
-        while True:
+        def ready() -> bool:
             assert process.poll() is None, (tmp_path / "output.txt").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "output.txt").read_text()
             try:
-                if requests.get(f"http://127.0.0.1:{probe_port}/ready", timeout=2).status_code == 200:
-                    break
+                return requests.get(f"http://127.0.0.1:{probe_port}/ready", timeout=2).status_code == 200
             except requests.RequestException:
-                pass
-            time.sleep(0.2)
+                return False
+
+        wait_until(ready, 240, "the container's readiness", interval_s=0.2)
         assert "addresses bound to 0.0.0.0" in (tmp_path / "output.txt").read_text()
         url = f"{inference}/predictions/efficientnet_lite0"
         refused = requests.post(url, data=photo_bytes("chelsea.png"), timeout=30)

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import threading
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +20,13 @@ from tests.server.http_client import concurrently
 from tests.server.load import ContinuousLoad
 from tests.server.logs import wait_for_log
 from torchserve_vision import paths
+from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.lab.pods import Pod
 from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.server_process import frontend_pid
+from torchserve_vision.server_state import queued_requests
 from torchserve_vision.torchserve_config import server_config
+from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
@@ -109,20 +111,19 @@ def test_environment_settings_are_applied_and_the_probes_need_no_key(steady_pod:
 
 
 def test_sigterm_answers_every_accepted_request_and_exits_zero(pod: Pod):
-    """A burst queued at SIGTERM is answered in full; then the process exits 0 within its bound."""
-    headers = {"Content-Type": "image/png", **pod.instance.client().auth_headers("inference")}
-    url, image = inference_url(pod), photo_bytes("chelsea.png")
+    """A burst queued at SIGTERM is answered in full; then the process exits 0 within its bound.
+    12 MP photos: decoding makes each batch slow enough that requests are seen queued."""
+    headers = {"Content-Type": "image/jpeg", **pod.instance.client().auth_headers("inference")}
+    url, image = inference_url(pod), benchmark_jpeg("phone")
     answers: list[requests.Response] = []
-    sent = threading.Event()
 
     def one_request() -> requests.Response:
-        sent.set()
         return requests.post(url, data=image, headers=headers, timeout=60)
 
     burst = threading.Thread(target=lambda: answers.extend(concurrently([one_request] * 24, 24)))
     burst.start()
-    sent.wait(10)
-    time.sleep(0.2)            # the burst is queued: 24 requests, batches of 8, one worker
+    wait_until(lambda: queued_requests(pod.instance.client()) > 0, 30, "a queued request",
+               interval_s=0.02)   # 24 requests, batches of 8, one worker
     pod.terminate()
     burst.join(120)
     code, seconds = pod.wait(timeout_s=120)
@@ -141,11 +142,10 @@ def test_continuous_load_that_follows_readiness_sees_no_failure_through_a_stop(p
     headers = pod.instance.client().auth_headers("inference")
     with ContinuousLoad(inference_url(pod), photo_bytes("coffee.png"), clients=4,
                         headers=lambda: headers) as load:
-        time.sleep(3)
+        load.wait_for(20)
         pod.terminate()
-        deadline = time.monotonic() + 10
-        while pod.probe("/ready")[0] == 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: pod.probe("/ready")[0] != 200, 10, "readiness to turn false",
+                   interval_s=0.05)
         status, body = pod.probe("/ready")
         late = requests.post(inference_url(pod), data=photo_bytes("coffee.png"), timeout=30,
                              headers={"Content-Type": "image/png", **headers})
@@ -165,10 +165,9 @@ def test_sigterm_while_starting_stops_at_once_and_leaves_nothing_running(pod_sto
     pod = Pod("starting", config, tmp_path / "run", pod_store)
     try:
         pod.start()
-        deadline = time.monotonic() + 30
-        while pod.probe("/ready") != (503, {"ready": False, "reason": "TorchServe is starting"}):
-            assert time.monotonic() < deadline, pod.output()
-            time.sleep(0.05)
+        wait_until(lambda: pod.probe("/ready") == (503, {"ready": False,
+                                                       "reason": "TorchServe is starting"}),
+                   30, "the pod to be starting", interval_s=0.05)
         pod.terminate()
         code, seconds = pod.wait(timeout_s=60)
         assert code == 0, pod.output()
@@ -186,22 +185,21 @@ def test_readiness_is_false_while_a_worker_crash_loops_and_true_after_recovery(s
     worker = pod.instance.client().describe(MODEL, None)[0]["workers"][0]
     os.kill(int(worker["pid"]), signal.SIGKILL)      # its replacement fails to load, again and again
     reasons: list[str] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(reasons) < 20:
+
+    def twenty_not_ready() -> bool:
         status, body = pod.probe("/ready")
         if status == 503:
             reasons.append(str(body["reason"]))
-        time.sleep(0.25)
+        return len(reasons) >= 20
+
+    wait_until(twenty_not_ready, 60, "20 not-ready answers", interval_s=0.25)
     assert len(reasons) == 20 and all(f"{MODEL}: 0 of 1 workers READY" == r for r in reasons), reasons
     assert pod.probe("/live") == (200, {"live": True})    # a crash-looping model is not a dead pod
     model_log = wait_for_log(pod.run_dir / "logs" / "model_log.log",
                              lambda lines: any("failing on purpose" in line for line in lines), 30)
     assert any("failing on purpose" in line for line in model_log)
     marker.unlink()
-    recovered = time.monotonic()
-    while not pod.ready():
-        assert time.monotonic() - recovered < 120, pod.probe("/ready")
-        time.sleep(0.25)
+    wait_until(pod.ready, 120, "readiness after recovery", interval_s=0.25)
     headers = {"Content-Type": "image/png", **pod.instance.client().auth_headers("inference")}
     answer = requests.post(inference_url(pod), data=photo_bytes("chelsea.png"), headers=headers,
                            timeout=60)

@@ -37,6 +37,7 @@ from torchserve_vision.model_descriptions import (
 from torchserve_vision.rollout import RolloutError, RolloutPlan, rollout, wait_for_workers
 from torchserve_vision.server_process import TorchServeInstance
 from torchserve_vision.server_state import versions_of
+from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
@@ -255,7 +256,8 @@ def test_list_and_describe_as_json_and_text(rollout_server, client, model_store,
 # --- whatever a version costs to start, and whatever goes wrong ------------------------------------
 class FrontendWatch:
     """Polls /ping and GET /models every 0.5 s; records how long each answer took (None: none
-    within 8 s). A call that waits for workers inside the frontend shows here."""
+    within 8 s, less than the slow version's start). A call that waits for workers inside the
+    frontend shows here."""
 
     def __init__(self, server: TorchServeInstance) -> None:
         self.server = server
@@ -295,8 +297,9 @@ def test_a_slow_starting_version_rolls_out_and_back_under_load_without_holding_t
         assert cli(rollout_server, model_store, history, "rollback", MODEL) == 0
         load.wait_for(10)
     assert load.failures() == []
-    answered = [seconds for seconds in watch.seconds if seconds is not None]
-    assert answered and len(answered) == len(watch.seconds) and max(answered) < 3, watch.seconds
+    # Every poll was answered within its 8 s timeout while the version took 12 s to start: the
+    # frontend never waited for it.
+    assert watch.seconds and None not in watch.seconds, watch.seconds
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
     kinds = [entry.get("kind", "rollout") for entry in json.loads(history.read_text())]
     assert kinds == ["rollout", "rollback"]
@@ -332,15 +335,15 @@ def test_a_refused_registration_is_undone_and_reported(client, archives, rollout
 
 def test_a_version_whose_workers_die_while_loading_is_undone_without_waiting_out_the_deadline(
         client, archives, rollout_server, model_store, tmp_path, capsys):
-    started = time.monotonic()
     with load_on_server(client) as load:
         load.wait_for(10)
         code = cli(rollout_server, model_store, tmp_path / "history.json", "rollout", MODEL,
                    archives["crashing"])
         load.wait_for(10)
     assert code == 1
+    # Said only when the workers' restarts are counted, not when the deadline (startupTimeout +
+    # 30 s = 150 s) runs out.
     assert "died while loading" in capsys.readouterr().err
-    assert time.monotonic() - started < 120   # the deadline is startupTimeout + 30 s = 150 s
     assert load.failures() == []
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
 
@@ -355,11 +358,9 @@ def test_an_interrupted_rollout_is_undone_and_exits_non_zero(client, archives, r
     with load_on_server(client) as load:
         load.wait_for(10)
         process = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(versions_of(client, MODEL)) < 2:
-            time.sleep(0.2)
-        time.sleep(1)
-        process.send_signal(signal.SIGINT)   # what Ctrl-C does
+        wait_until(lambda: len(versions_of(client, MODEL)) == 2, 30, "the new version's registration",
+                   interval_s=0.2)
+        process.send_signal(signal.SIGINT)   # what Ctrl-C does, while it waits for the workers
         out, err = process.communicate(timeout=60)
         load.wait_for(10)
     assert process.returncode == 130, (out, err)

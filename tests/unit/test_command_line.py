@@ -1,4 +1,4 @@
-"""The `torchserve-vision` command: every command the README and the demo show parses, every
+"""The `torchserve-vision` command: every command the README, docs/ and the demo show parses, every
 subcommand has --help, and the layers import as documented (no command imports another)."""
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ def documented_commands(text: str) -> list[list[str]]:
 
 README_COMMANDS = documented_commands((ROOT / "README.md").read_text())
 DEMO_COMMANDS = documented_commands((ROOT / "scripts" / "demo.sh").read_text())
-DOCS_COMMANDS = [arguments for name in ("benchmarks.md", "robustness.md")
-                 for arguments in documented_commands((ROOT / "docs" / name).read_text())]
+DOCS_COMMANDS = [arguments for page in sorted((ROOT / "docs").glob("*.md"))
+                 for arguments in documented_commands(page.read_text())]
 
 
-def test_the_readme_and_the_demo_show_the_command():
-    assert len(README_COMMANDS) >= 25
-    assert {arguments[0] for arguments in README_COMMANDS} == {"build", "server", "predict", "models",
-                                                               "lab"}
+def test_the_readme_the_docs_and_the_demo_show_the_command():
+    assert len(README_COMMANDS) >= 10 and len(DOCS_COMMANDS) >= 40
+    every_group = {"build", "server", "predict", "models", "lab"}
+    assert {arguments[0] for arguments in README_COMMANDS} == every_group
+    assert {arguments[0] for arguments in DOCS_COMMANDS} == every_group
     assert [arguments[0] for arguments in DEMO_COMMANDS] == ["build", "server", "predict", "predict",
                                                               "predict", "server"]
 

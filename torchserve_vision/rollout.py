@@ -29,6 +29,7 @@ from torchserve_vision.archives.versions import (
 from torchserve_vision.client import ManagementError, TorchServeClient
 from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.model_kinds import UnknownKind, best_label, kind_of_entry_module
 from torchserve_vision.rollout_history import HistoryEntry, last_change, now_text
 from torchserve_vision.server_state import (
     default_version,
@@ -113,16 +114,20 @@ def wait_for_drain(client: TorchServeClient, model: str, version: str, timeout_s
 
 
 # --- smoke test -------------------------------------------------------------------------------
-def top_label(answer: Any) -> str | None:
-    """The best class (classifier) or the best detection's label (detector); None if nothing."""
-    if isinstance(answer, list) and answer and isinstance(answer[0], dict):
-        return str(answer[0].get("label"))
-    return None
+def answer_reader(manifest: dict[str, Any]) -> Callable[[Any], str | None]:
+    """How to read the best label of an archive's answers: its model kind's (by the manifest's
+    entry module), or the common shape (best first, each with a label) for an archive of another
+    handler."""
+    try:
+        return kind_of_entry_module(str(manifest.get("handler", ""))).top_label
+    except UnknownKind:
+        return best_label
 
 
 def smoke_test(client: TorchServeClient, model: str, version: str, image: bytes,
-               expect_labels: Collection[str], reference: Any | None) -> Any:
-    """Send a real image to this version alone; check the answer against expectations."""
+               expect_labels: Collection[str], reference: Any | None,
+               top_label: Callable[[Any], str | None] = best_label) -> Any:
+    """Send a real image to this version alone; check its best label against expectations."""
     if client.dry_run:
         print(f"[dry-run] POST {client.inference_url}/predictions/{model}/{version} (smoke test)")
         return None
@@ -190,7 +195,7 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
     if plan.compare_with_current and old_version is not None and not client.dry_run:
         reference = client.predict(plan.model, old_version, plan.smoke_image)
     try:
-        swap(client, plan, new_version, old_version, reference, log)
+        swap(client, plan, new_version, old_version, reference, answer_reader(manifest), log)
     except (ManagementError, RolloutError, KeyboardInterrupt) as error:
         problems = [] if client.dry_run else undo(client, plan.model, new_version, old_version, log)
         state = f"; undo incomplete: {'; '.join(problems)}" if problems else \
@@ -208,7 +213,7 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
 
 
 def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_version: str | None,
-         reference: Any | None, log: Log) -> None:
+         reference: Any | None, top_label: Callable[[Any], str | None], log: Log) -> None:
     """The rollout's steps, from register to unregistering the old version (see `rollout`)."""
     settings = plan.settings
     log(f"registering {plan.archive} as {plan.model} {new_version}")
@@ -217,7 +222,8 @@ def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_vers
     client.scale(plan.model, new_version, settings.min_workers, settings.max_workers)
     wait_for_workers(client, plan.model, new_version, settings.min_workers, plan.workers_deadline_s)
     log(f"{plan.model} {new_version}: {settings.min_workers} worker(s) ready; smoke test")
-    smoke_test(client, plan.model, new_version, plan.smoke_image, plan.expect_labels, reference)
+    smoke_test(client, plan.model, new_version, plan.smoke_image, plan.expect_labels, reference,
+               top_label)
     client.set_default(plan.model, new_version)
     log(f"{plan.model} {new_version} is the default")
     if old_version is not None and not plan.keep_old:

@@ -13,7 +13,13 @@ import pytest
 
 import handlers
 from handlers.serving import BatchedImageHandler
-from torchserve_vision.model_kinds import KINDS, UnknownKind, kind_of, kind_of_entry_module
+from torchserve_vision.model_kinds import (
+    KINDS,
+    UnknownKind,
+    import_attribute,
+    kind_of,
+    kind_of_entry_module,
+)
 
 HANDLERS = Path(handlers.__file__).parent
 
@@ -25,7 +31,7 @@ def test_every_kind_is_complete(task):
     handler = kind.handler_class()
     assert issubclass(handler, BatchedImageHandler) and not inspect.isabstract(handler)
     assert Path(inspect.getfile(handler)).name == kind.entry_module
-    assert callable(kind.parse_settings.__func__)  # type: ignore[attr-defined]
+    assert callable(import_attribute(kind.settings_parser))
     options = kind.options_type()
     assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen  # type: ignore[attr-defined]
     assert typing.get_type_hints(handler.parse_options)["return"] is options
@@ -48,3 +54,15 @@ def test_an_unknown_kind_says_which_exist():
         kind_of("segmentation")
     with pytest.raises(UnknownKind):
         kind_of_entry_module("my_handler.py")
+
+
+@pytest.mark.parametrize("task", sorted(task for task, kind in KINDS.items() if kind.is_pipeline))
+def test_a_pipelines_stage_roles_are_its_settings_stages(task):
+    """The handler's settings (shipped alone in the archive, so they cannot read this table)
+    hold one stage per role the table names."""
+    from handlers.pipeline_settings import StageArchive
+
+    kind = KINDS[task]
+    settings_type = typing.get_type_hints(import_attribute(kind.settings_parser))["return"]
+    hints = typing.get_type_hints(settings_type)
+    assert {role for role in kind.stages if hints.get(role) is StageArchive} == set(kind.stages)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.batch_record import STAGES, BatchRecord
-from handlers.compiled_model import CompiledModelRefused
+from handlers.model.compiled_model import CompiledModelRefused
 
 
 @dataclass(frozen=True)

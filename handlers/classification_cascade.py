@@ -1,11 +1,11 @@
 """TorchServe entry module for a confidence cascade of two classifiers (exactly one handler class).
 
 Both models live in the worker. Per batch, the first (cheap) model runs on every request; the
-requests whose answer is not confident enough (see `handlers.cascade`), or that ask for it, run
+requests whose answer is not confident enough (see `handlers.task.cascade`), or that ask for it, run
 through the second model as one sub-batch. Each answer is the classifier's list of top-k classes
 `[{"label", "index", "probability", "model"}, ...]`, where `model` names the stage archive that
 produced it (`<name>-<version>`), also in the `X-Answered-By` response header; a client of the
-plain classifier reads it unchanged. Options per request: `handlers.cascade_options`.
+plain classifier reads it unchanged. Options per request: `handlers.request.cascade_options`.
 Metrics: HandlerEscalatedRequests (counter) and HandlerEscalationRate (the batch's share).
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from handlers.batch_record import BatchRecord
-from handlers.cascade import CascadeInput, CascadeOutput, confidences, escalated
-from handlers.cascade_options import OPTION_FIELDS, CascadeOptions, parse_cascade_options
-from handlers.classification import ClassScore, top_k_of_probabilities
-from handlers.classifier_model import ClassifierModel
-from handlers.inference_protocol import TensorOutput, classification_outputs, tensor
-from handlers.pipeline_settings import CascadeSettings, StageArchive, parse_cascade_settings
+from handlers.model.classifier_model import ClassifierModel
+from handlers.model.pipeline_settings import CascadeSettings, StageArchive, parse_cascade_settings
+from handlers.request.cascade_options import OPTION_FIELDS, CascadeOptions, parse_cascade_options
+from handlers.request.inference_protocol import TensorOutput, classification_outputs, tensor
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
+from handlers.task.cascade import CascadeInput, CascadeOutput, confidences, escalated
+from handlers.task.classification import ClassScore, top_k_of_probabilities
 
 ANSWERED_BY_HEADER = "X-Answered-By"
 Item = DecodedImage[CascadeOptions]

@@ -3,11 +3,11 @@ one handler class, a TorchServe rule).
 
 Per batch: the detector runs on every image; each request's boxes to classify (its best
 `max_boxes`, of its `classify_classes` when given) are cropped from all images at once
-(`handlers.box_crops`, one roi_align on the device) and classified together, in chunks of
+(`handlers.task.box_crops`, one roi_align on the device) and classified together, in chunks of
 `boxes.classify_batch_size`. The answer is the detector's
 `[{"label", "index", "score", "box", "classification"}, ...]` where `classification` is the
 classifier's top-k for that box (`[{"label", "index", "probability"}, ...]`), or null for a box
-that was not classified. Options per request: `handlers.detect_classify_options`.
+that was not classified. Options per request: `handlers.request.detect_classify_options`.
 Metrics: HandlerClassifiedBoxes (counter).
 """
 
@@ -19,21 +19,21 @@ from typing import Any
 import torch
 
 from handlers.batch_record import BatchRecord
-from handlers.box_crops import crop_boxes
-from handlers.classification import ClassScore, top_k_classes
-from handlers.classifier_model import ClassifierModel
-from handlers.detect_classify import PipelineInput, PipelineOutput, boxes_to_classify
-from handlers.detect_classify_options import (
+from handlers.model.classifier_model import ClassifierModel
+from handlers.model.detector_model import DetectorModel
+from handlers.model.pipeline_settings import DetectClassifySettings, parse_detect_classify_settings
+from handlers.request.detect_classify_options import (
     OPTION_FIELDS,
     DetectClassifyOptions,
     parse_detect_classify_options,
 )
-from handlers.detection import DetectionTensors, format_detections
-from handlers.detector_model import DetectorModel
-from handlers.inference_protocol import TensorOutput, detection_outputs, tensor
-from handlers.pipeline_settings import DetectClassifySettings, parse_detect_classify_settings
+from handlers.request.inference_protocol import TensorOutput, detection_outputs, tensor
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
+from handlers.task.box_crops import crop_boxes
+from handlers.task.classification import ClassScore, top_k_classes
+from handlers.task.detect_classify import PipelineInput, PipelineOutput, boxes_to_classify
+from handlers.task.detection import DetectionTensors, format_detections
 
 Item = DecodedImage[DetectClassifyOptions]
 

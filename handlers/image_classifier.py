@@ -2,7 +2,7 @@
 
 Per request: raw image bytes, a multipart upload or JSON {"data": "<base64>"} ->
 `[{"label": str, "index": int, "probability": float}, ...]`, the top-k classes, best first
-(k: the archive's `top_k`, or the request's own: see `handlers.classification_options`). An
+(k: the archive's `top_k`, or the request's own: see `handlers.request.classification_options`). An
 Open Inference Protocol request gets labels, probabilities and class ids as v2 tensors.
 """
 
@@ -13,18 +13,18 @@ from typing import Any
 
 import torch
 
-from handlers.classification import ClassScore, top_k_classes
-from handlers.classification_options import (
+from handlers.model.classifier_model import ClassifierModel
+from handlers.model.compiled_model import Runner
+from handlers.model.settings import ClassifierSettings, parse_classifier_settings
+from handlers.request.classification_options import (
     OPTION_FIELDS,
     ClassificationOptions,
     parse_classification_options,
 )
-from handlers.classifier_model import ClassifierModel
-from handlers.compiled_model import Runner
-from handlers.inference_protocol import TensorOutput, classification_outputs
+from handlers.request.inference_protocol import TensorOutput, classification_outputs
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
-from handlers.settings import ClassifierSettings, parse_classifier_settings
+from handlers.task.classification import ClassScore, top_k_classes
 
 Item = DecodedImage[ClassificationOptions]
 

@@ -1,11 +1,11 @@
 """TorchServe entry module for object detection (exactly one handler class, a TorchServe rule).
 
 Two kinds of model, torchvision detectors and YOLO-style single-tensor models: see
-`handlers.detector_formats` (the strategy is chosen once, when the worker loads the model).
+`handlers.model.detector_formats` (the strategy is chosen once, when the worker loads the model).
 
 Per request -> `[{"label": str, "index": int, "score": float, "box": [x1, y1, x2, y2]}, ...]` in
 the original image's pixels (after EXIF orientation), clipped to it, best first; `[]` when nothing
-is found. Options per request: see `handlers.detection_options`. An Open Inference Protocol
+is found. Options per request: see `handlers.request.detection_options`. An Open Inference Protocol
 request gets boxes, scores, labels and class ids as v2 tensors.
 """
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from handlers.detection import Detection, DetectionOptions, DetectorInput, format_detections
-from handlers.detection_options import OPTION_FIELDS, parse_detection_options
-from handlers.detector_model import DetectorModel
-from handlers.inference_protocol import TensorOutput, detection_outputs
+from handlers.model.detector_model import DetectorModel
+from handlers.model.settings import DetectorSettings, parse_detector_settings
+from handlers.request.detection_options import OPTION_FIELDS, parse_detection_options
+from handlers.request.inference_protocol import TensorOutput, detection_outputs
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
-from handlers.settings import DetectorSettings, parse_detector_settings
+from handlers.task.detection import Detection, DetectionOptions, DetectorInput, format_detections
 
 Item = DecodedImage[DetectionOptions]
 

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from handlers.errors import ClientError
-from handlers.inference_protocol import V2Request
+from handlers.request.inference_protocol import V2Request
 
 Options = TypeVar("Options")
 HeaderReader = Callable[[str], "str | None"]

@@ -3,8 +3,8 @@
 `handle` runs one batch as a short sequence of stages over its requests, one `RequestSlot` each
 (handlers.request_slot): read the protocol, parse (image bytes + options, once), look up the
 response cache, decode, answer (preprocess -> infer -> postprocess over the open requests),
-store in the cache, respond. The protocol (handlers.protocol_stage) and the cache
-(handlers.cache_stage) plug in as small stage objects.
+store in the cache, respond. The protocol (handlers.request.protocol_stage) and the cache
+(handlers.cache.cache_stage) plug in as small stage objects.
 
 Subclasses implement small hooks, each with one job: `parse_settings(handler_section)` and
 `load(serialized_file)` once -> `parse_options(row, header)` per request -> `preprocess(items)`
@@ -30,16 +30,16 @@ import torch
 
 from handlers.batch_metrics import emit_batch_metrics, emit_compiled_model_refusal
 from handlers.batch_record import BatchRecord
-from handlers.cache_stage import CACHE_HEADER, CacheStage, cache_stage_for
-from handlers.compiled_model import CompiledModelRefused, RunnerChoice, RunnerKind
-from handlers.decode import decode_image_bytes
+from handlers.cache.cache_stage import CACHE_HEADER, CacheStage, cache_stage_for
 from handlers.errors import ClientError
-from handlers.inference_protocol import TensorOutput
-from handlers.model_loading import resolve_device
-from handlers.protocol_stage import ProtocolStage
-from handlers.request_body import extract_image_bytes
+from handlers.model.compiled_model import CompiledModelRefused, RunnerChoice, RunnerKind
+from handlers.model.model_loading import resolve_device
+from handlers.model.settings import ImageLimits, parse_log_batches, parse_torch_threads
+from handlers.request.decode import decode_image_bytes
+from handlers.request.inference_protocol import TensorOutput
+from handlers.request.protocol_stage import ProtocolStage
+from handlers.request.request_body import extract_image_bytes
 from handlers.request_slot import DecodedImage, HeaderReader, ParsedRequest, RequestSlot, open_slots
-from handlers.settings import ImageLimits, parse_log_batches, parse_torch_threads
 from handlers.torchserve_context import (
     BATCH_SIZE_HEADER,
     JSON_CONTENT_TYPE,
@@ -253,7 +253,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
     @abstractmethod
     def load(self, serialized_file: str | None) -> None:
         """Load the model(s) of `self.settings` onto `self.device` (with
-        `handlers.classifier_model` / `handlers.detector_model`); set `labels`, `precision`,
+        `handlers.model.classifier_model` / `handlers.model.detector_model`); set `labels`, `precision`,
         `runners` for the networks that have compiled packages, and `jpeg_draft_size`."""
 
     @abstractmethod

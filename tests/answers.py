@@ -1,14 +1,14 @@
 """Comparing two classifier answers for the same image (lists of {"index", "probability", ...},
 best first) with the criterion a worker applies to a compiled package at load
-(handlers.answer_agreement): probabilities within the bound of the precisions involved, and the
+(handlers.model.answer_agreement): probabilities within the bound of the precisions involved, and the
 same best classes wherever the expected answer is clear by more than rounding can close."""
 
 from __future__ import annotations
 
 import torch
 
-from handlers.answer_agreement import answer_disagreement, probability_bound
-from handlers.model_loading import cpu_has_native_bf16, effective_precision
+from handlers.model.answer_agreement import answer_disagreement, probability_bound
+from handlers.model.model_loading import cpu_has_native_bf16, effective_precision
 from torchserve_vision import paths
 from torchserve_vision.model_descriptions import ModelDescription, load_descriptions
 

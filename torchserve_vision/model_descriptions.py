@@ -162,7 +162,7 @@ def resolve_labels(spec: str) -> list[str]:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise DescriptionError(f"labels file not found: {path} (or use 'imagenet' / 'coco')")
-    from handlers.model_loading import load_labels
+    from handlers.model.model_loading import load_labels
 
     try:
         return load_labels(path)

@@ -1,4 +1,4 @@
-"""The one criterion for "the same answer" (handlers/answer_agreement.py), used by the worker's
+"""The one criterion for "the same answer" (handlers/model/answer_agreement.py), used by the worker's
 load-time check of compiled packages and by the tests."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from handlers.answer_agreement import (
+from handlers.model.answer_agreement import (
     PROBABILITY_BOUNDS,
     answer_disagreement,
     probability_bound,

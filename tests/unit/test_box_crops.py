@@ -7,7 +7,7 @@ import torch
 from torchvision.ops import roi_align
 from torchvision.transforms.v2 import functional as F
 
-from handlers.box_crops import crop_boxes, padded_batch
+from handlers.task.box_crops import crop_boxes, padded_batch
 
 
 def images() -> list[torch.Tensor]:

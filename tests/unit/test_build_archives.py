@@ -15,9 +15,9 @@ import yaml
 from torch import nn
 
 import handlers
-from handlers.decode import decode_image_bytes
-from handlers.settings import ImageLimits
-from handlers.transforms import preprocess_classification_batch
+from handlers.model.settings import ImageLimits
+from handlers.request.decode import decode_image_bytes
+from handlers.task.transforms import preprocess_classification_batch
 from tests.archives import archive_context, load_classifier
 from tests.images import photo_bytes
 from torchserve_vision import paths
@@ -223,7 +223,7 @@ def test_the_default_archive_holds_the_handlers_package_and_real_weights(model_s
     with zipfile.ZipFile(model_store / "efficientnet_lite0-1.0.mar") as archive:
         names = set(archive.namelist())
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
-    assert {"handlers/serving.py", "handlers/decode.py", "labels.json", "model.pt"} <= names
+    assert {"handlers/serving.py", "handlers/request/decode.py", "labels.json", "model.pt"} <= names
     assert manifest["model"]["handler"] == "image_classifier.py"
     assert manifest["model"]["modelVersion"] == "1.0"
 

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import torch
 
-from handlers.answer_agreement import probability_bound
-from handlers.cascade import confidences, escalated
-from handlers.cascade_options import CascadeOptions, parse_cascade_options
 from handlers.classification_cascade import ANSWERED_BY_HEADER, ClassificationCascadeHandler
 from handlers.errors import ClientError
 from handlers.image_classifier import ImageClassifierHandler
+from handlers.model.answer_agreement import probability_bound
+from handlers.request.cascade_options import CascadeOptions, parse_cascade_options
+from handlers.task.cascade import confidences, escalated
 from tests.archives import extract_archive, initialized
 from tests.images import photo_bytes
 from torchserve_vision.archives.build import BuildError, build_archive

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handlers.classification import top_k_classes
+from handlers.task.classification import top_k_classes
 
 LABELS = ["cat", "dog", "cup", "rocket"]
 

@@ -16,8 +16,9 @@ import pytest
 import torch
 import yaml
 
-from handlers import compiled_model
-from handlers.compiled_model import (
+from handlers.image_classifier import ImageClassifierHandler
+from handlers.model import compiled_model
+from handlers.model.compiled_model import (
     ChunkedRunner,
     CompiledModelRefused,
     CompiledPackage,
@@ -30,7 +31,6 @@ from handlers.compiled_model import (
     package_for,
     target_mismatch,
 )
-from handlers.image_classifier import ImageClassifierHandler
 from tests.answers import assert_same_answer
 from tests.archives import archive_context, load_classifier_dir
 from tests.images import photo_bytes
@@ -224,7 +224,7 @@ def test_a_cpu_that_hides_a_feature_of_the_package_serves_eagerly_and_says_so(
     assert features is not None
     monkeypatch.setattr(compiled_model, "cpu_features", lambda: features - {"movbe"})
     metrics = RecordingMetrics()
-    with caplog.at_level("WARNING", logger="handlers.compiled_model"):
+    with caplog.at_level("WARNING", logger="handlers.model.compiled_model"):
         handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m"), metrics=metrics)
     assert_serves_eagerly(handler, "cpu_features", reference)
     assert any("compiled model refused (cpu_features)" in r.getMessage() and "movbe" in r.getMessage()

@@ -7,10 +7,10 @@ import pytest
 import torch
 from PIL import Image, ImageFile, ImageOps
 
-from handlers import decode
-from handlers.decode import decode_image_bytes, read_header
 from handlers.errors import ClientError
-from handlers.settings import ImageLimits
+from handlers.model.settings import ImageLimits
+from handlers.request import decode
+from handlers.request.decode import decode_image_bytes, read_header
 from tests.images import encode, exif_with_orientation, photo_bytes, png_declaring_size, textured_rgb
 
 LIMITS = ImageLimits()

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handlers.decode import decode_image_bytes
 from handlers.errors import ClientError
-from handlers.request_body import extract_image_bytes
-from handlers.settings import ImageLimits
+from handlers.model.settings import ImageLimits
+from handlers.request.decode import decode_image_bytes
+from handlers.request.request_body import extract_image_bytes
 from tests.images import encode, exif_with_orientation, textured_rgb
 
 LIMITS = ImageLimits(max_pixels=4_000_000)

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import torch
 
-from handlers.box_crops import crop_boxes
-from handlers.classification import top_k_classes
-from handlers.decode import decode_image_bytes
 from handlers.detect_then_classify import DetectThenClassifyHandler
-from handlers.detection import format_detections
-from handlers.detection_options import parse_detection_options
 from handlers.image_classifier import ImageClassifierHandler
+from handlers.model.settings import ImageLimits
 from handlers.object_detector import ObjectDetectorHandler
-from handlers.settings import ImageLimits
+from handlers.request.decode import decode_image_bytes
+from handlers.request.detection_options import parse_detection_options
+from handlers.task.box_crops import crop_boxes
+from handlers.task.classification import top_k_classes
+from handlers.task.detection import format_detections
 from tests.archives import extract_archive, initialized
 from tests.detections import assert_same_detections, rows_from_answer
 from tests.images import encode, photo_bytes, textured_rgb

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handlers.detection import (
+from handlers.model.detector_formats import yolo_detections
+from handlers.task.detection import (
     DetectionOptions,
     DetectionTensors,
     format_detections,
     select_detections,
 )
-from handlers.detector_formats import yolo_detections
-from handlers.letterbox import boxes_to_letterbox, boxes_to_original, letterbox_geometry
+from handlers.task.letterbox import boxes_to_letterbox, boxes_to_original, letterbox_geometry
 
 OPTIONS = DetectionOptions(score_threshold=0.25, iou_threshold=0.5, max_detections=100)
 NUM_CLASSES = 3

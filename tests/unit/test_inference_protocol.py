@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.classification_options import parse_classification_options
 from handlers.errors import ClientError
-from handlers.inference_protocol import (
+from handlers.request.classification_options import parse_classification_options
+from handlers.request.inference_protocol import (
     V2Request,
     classification_outputs,
     detection_outputs,

@@ -24,3 +24,22 @@ def test_every_module_on_the_layout_page_exists():
     named = set(re.findall(r"(?<![\w*])(\w+\.py)\b", LAYOUT))
     scripts_and_tests = {path.name for path in ROOT.glob("tests/**/*.py")}
     assert named - modules() - scripts_and_tests == set()
+
+
+def test_each_handlers_subpackage_lists_its_own_modules():
+    sections: dict[str, set[str]] = {}
+    current = None
+    for line in LAYOUT.splitlines():
+        header = re.match(r"^(\w+)/: ", line)
+        if header:
+            current = header[1]
+            sections[current] = set()
+        elif line and not line.startswith(" "):
+            current = None
+        elif current is not None:
+            sections[current] |= set(re.findall(r"(?<![\w*])(\w+\.py)\b", line))
+    subpackages = {path.parent.name for path in (ROOT / "handlers").glob("*/__init__.py")}
+    assert set(sections) == subpackages
+    for name, listed in sections.items():
+        on_disk = {path.name for path in (ROOT / "handlers" / name).glob("*.py")} - {"__init__.py"}
+        assert listed == on_disk, name

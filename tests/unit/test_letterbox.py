@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handlers.letterbox import (
+from handlers.task.letterbox import (
     boxes_to_letterbox,
     boxes_to_original,
     letterbox_batch,

@@ -43,7 +43,7 @@ def test_every_kind_is_complete(task):
 
 @pytest.mark.parametrize("task", sorted(KINDS))
 def test_every_kind_refuses_an_empty_handler_section(task):
-    from handlers.settings import SettingsError
+    from handlers.model.settings import SettingsError
 
     with pytest.raises(SettingsError):
         KINDS[task].parse_settings({})
@@ -60,7 +60,7 @@ def test_an_unknown_kind_says_which_exist():
 def test_a_pipelines_stage_roles_are_its_settings_stages(task):
     """The handler's settings (shipped alone in the archive, so they cannot read this table)
     hold one stage per role the table names."""
-    from handlers.pipeline_settings import StageArchive
+    from handlers.model.pipeline_settings import StageArchive
 
     kind = KINDS[task]
     settings_type = typing.get_type_hints(import_attribute(kind.settings_parser))["return"]

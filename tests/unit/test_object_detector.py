@@ -13,10 +13,10 @@ import torch
 from torch import nn
 from torchvision.transforms.v2 import functional as F
 
-from handlers.decode import decode_image_bytes
-from handlers.model_loading import create_architecture
+from handlers.model.model_loading import create_architecture
+from handlers.model.settings import ImageLimits
 from handlers.object_detector import ObjectDetectorHandler
-from handlers.settings import ImageLimits
+from handlers.request.decode import decode_image_bytes
 from tests.archives import archive_context, extract_archive, load_detector, stage_model_dir
 from tests.detections import assert_same_detections, rows_from_eager
 from tests.images import encode, photo_bytes

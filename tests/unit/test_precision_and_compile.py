@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from handlers import model_loading
 from handlers.image_classifier import ImageClassifierHandler
-from handlers.model_loading import autocast, effective_precision
+from handlers.model import model_loading
+from handlers.model.model_loading import autocast, effective_precision
 from tests.answers import assert_same_answer, default_classifier
 from tests.archives import archive_context, load_classifier_dir, stage_model_dir
 from tests.images import photo_bytes

@@ -6,10 +6,10 @@ import pytest
 import timm
 import torch
 
-from handlers.classification import top_k_classes
-from handlers.decode import decode_image_bytes
-from handlers.settings import ImageLimits
-from handlers.transforms import preprocess_classification_batch
+from handlers.model.settings import ImageLimits
+from handlers.request.decode import decode_image_bytes
+from handlers.task.classification import top_k_classes
+from handlers.task.transforms import preprocess_classification_batch
 from tests.images import photo_bytes
 from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
 from torchserve_vision.model_descriptions import resolve_labels

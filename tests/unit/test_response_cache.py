@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from handlers.cache_settings import CacheSettings, parse_cache_section, with_environment
-from handlers.cache_stage import CacheStage
-from handlers.response_cache import (
+from handlers.cache.cache_settings import CacheSettings, parse_cache_section, with_environment
+from handlers.cache.cache_stage import CacheStage
+from handlers.cache.response_cache import (
     CircuitBreaker,
     MemoryLru,
     RedisTier,
@@ -21,7 +21,7 @@ from handlers.response_cache import (
     cache_key,
     namespace_of,
 )
-from handlers.settings import SettingsError
+from handlers.model.settings import SettingsError
 from tests.images import photo_bytes
 from tests.redis_server import redis_server
 from torchserve_vision.lab.local_handler import LocalContext, archive_context
@@ -179,8 +179,8 @@ def test_the_tiny_classifier_serves_without_a_cache_by_default(tiny_classifier, 
 def decoded(image: bytes):
     import torch
 
-    from handlers.decode import decode_image_bytes
-    from handlers.settings import ImageLimits
+    from handlers.model.settings import ImageLimits
+    from handlers.request.decode import decode_image_bytes
 
     return decode_image_bytes(image, ImageLimits(), torch.device("cpu"))
 
@@ -200,7 +200,7 @@ def reencoded(name: str, quality: int = 90, scale: float = 1.0) -> bytes:
 
 
 def test_the_perceptual_hash_keeps_a_photo_through_reencoding_and_rescaling_and_tells_photos_apart():
-    from handlers.perceptual_hash import hamming_distance, perceptual_hash
+    from handlers.cache.perceptual_hash import hamming_distance, perceptual_hash
 
     names = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
     hashes = {name: perceptual_hash(decoded(photo_bytes(name))) for name in names}
@@ -211,7 +211,7 @@ def test_the_perceptual_hash_keeps_a_photo_through_reencoding_and_rescaling_and_
 
 
 def test_near_duplicate_mode_answers_a_reencoded_photo_from_the_cache(cached_classifier, monkeypatch):
-    from handlers.perceptual_hash import perceptual_hash
+    from handlers.cache.perceptual_hash import perceptual_hash
 
     handler, _ = cached_classifier
     monkeypatch.setattr(handler.cache.cache, "near_duplicates", True)

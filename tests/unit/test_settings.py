@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.settings import (
+from handlers.model.settings import (
     CompileSettings,
     SettingsError,
     parse_classifier_settings,

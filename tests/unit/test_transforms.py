@@ -4,7 +4,7 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from handlers.transforms import (
+from handlers.task.transforms import (
     normalize_batch,
     preprocess_classification_batch,
     resize_and_center_crop,

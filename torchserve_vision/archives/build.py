@@ -21,9 +21,9 @@ import torch
 import yaml
 
 import handlers
-from handlers.compiled_model import COMPILED_DIRECTORY, CompiledPackage
-from handlers.model_loading import create_architecture, load_model, load_state_dict_model
-from handlers.settings import (
+from handlers.model.compiled_model import COMPILED_DIRECTORY, CompiledPackage
+from handlers.model.model_loading import create_architecture, load_model, load_state_dict_model
+from handlers.model.settings import (
     ModelSource,
     SettingsError,
     parse_classifier_settings,

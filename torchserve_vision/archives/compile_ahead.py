@@ -3,9 +3,9 @@
 One `.pt2` package per precision the archive may run on a CPU (fp32 always; bf16 too when the
 model asks for it, for CPUs with native bf16), each with a dynamic batch dimension 1..max batch
 size, Inductor freezing (batch norms folded, oneDNN weights pre-packed) and generated kernels for
-a named CPU target (`handlers.compiled_model.CPU_TARGETS`), not for the build machine: an
+a named CPU target (`handlers.model.compiled_model.CPU_TARGETS`), not for the build machine: an
 archive built on an AVX-512 host runs on an AVX2 one. Workers load a package and never compile
-(see handlers/compiled_model.py for the checks made at load).
+(see handlers/model/compiled_model.py for the checks made at load).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from handlers.compiled_model import CPU_TARGETS, PROBE_FILE, CompiledPackage, CompileTarget
-from handlers.decode import decode_image_bytes
-from handlers.model_loading import AUTOCAST_DTYPES
-from handlers.settings import ImageLimits
-from handlers.transforms import resize_and_center_crop
+from handlers.model.compiled_model import CPU_TARGETS, PROBE_FILE, CompiledPackage, CompileTarget
+from handlers.model.model_loading import AUTOCAST_DTYPES
+from handlers.model.settings import ImageLimits
+from handlers.request.decode import decode_image_bytes
+from handlers.task.transforms import resize_and_center_crop
 from torchserve_vision.photos import PROBE_PHOTOS, photo_path
 
 
@@ -100,7 +100,7 @@ def probe_photos(resize_size: int, input_size: int) -> torch.Tensor:
 
 def compile_packages(model: nn.Module, request: CompileRequest, directory: Path) -> list[CompiledPackage]:
     """Every package `request` asks for, written into `directory`, with the probe photos a worker
-    checks a package's answers on before it serves it (handlers.compiled_model.check_answers)."""
+    checks a package's answers on before it serves it (handlers.model.compiled_model.check_answers)."""
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(probe_photos(request.resize_size, request.input_shape_chw[1]),
                directory.parent / PROBE_FILE)

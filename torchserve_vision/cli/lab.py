@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from handlers.compiled_model import CPU_TARGETS
+from handlers.model.compiled_model import CPU_TARGETS
 from torchserve_vision import paths
 from torchserve_vision.cli.common import (
     DEFAULT_MODEL,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from handlers.compiled_model import load_aoti_package
+from handlers.model.compiled_model import load_aoti_package
 from torchserve_vision.lab.local_handler import eager_classifier, extract_archive
 
 Forward = Callable[[torch.Tensor], torch.Tensor]

@@ -16,9 +16,9 @@ import torch
 import yaml
 from torch import nn
 
-from handlers.model_loading import load_model
+from handlers.model.model_loading import load_model
+from handlers.model.settings import ClassifierSettings, parse_classifier_settings
 from handlers.serving import BatchedImageHandler
-from handlers.settings import ClassifierSettings, parse_classifier_settings
 from torchserve_vision.model_kinds import kind_of_entry_module
 
 

@@ -6,7 +6,7 @@ decoded and preprocessed as the worker does, answered by the eager fp32 model at
 reference) and by each other runner (eager fp32 / bf16, and each compiled package in the archive)
 at batch 1 and 8. Prints, per runner and batch size, the largest change of any class probability
 on the photos (`photos.CLASSIFIER_PHOTOS`) and on the other images, and how many photo answers the
-criterion of handlers/answer_agreement.py refuses at the shipped bounds. The photo figures set
+criterion of handlers/model/answer_agreement.py refuses at the shipped bounds. The photo figures set
 the bounds (docs/precision.md).
 
     torchserve-vision lab precision                      # Lite0/1/2 from model_store/
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from handlers.answer_agreement import answer_disagreement, probability_bound, top_classes
-from handlers.compiled_model import load_aoti_package
-from handlers.decode import decode_image_bytes
-from handlers.model_loading import autocast
-from handlers.settings import ClassifierSettings, ImageLimits
-from handlers.transforms import preprocess_classification_batch
+from handlers.model.answer_agreement import answer_disagreement, probability_bound, top_classes
+from handlers.model.compiled_model import load_aoti_package
+from handlers.model.model_loading import autocast
+from handlers.model.settings import ClassifierSettings, ImageLimits
+from handlers.request.decode import decode_image_bytes
+from handlers.task.transforms import preprocess_classification_batch
 from torchserve_vision.lab.local_handler import eager_classifier, extract_archive
 from torchserve_vision.photos import CLASSIFIER_PHOTOS, all_photo_paths
 

@@ -22,7 +22,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from handlers.cache_settings import CacheSettings
+from handlers.cache.cache_settings import CacheSettings
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from handlers.classification_options import OPTION_HEADERS as TOP_K_HEADERS
-from handlers.classification_options import top_k_option
-from handlers.request_options import invalid_option, option_values, parse_fraction
+from handlers.request.classification_options import OPTION_HEADERS as TOP_K_HEADERS
+from handlers.request.classification_options import top_k_option
+from handlers.request.request_options import invalid_option, option_values, parse_fraction
 
 EscalationMode = Literal["auto", "never", "always"]
 OPTION_HEADERS = {**TOP_K_HEADERS, "escalation": "X-Escalation",

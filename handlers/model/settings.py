@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from handlers.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
-from handlers.detection import DetectionOptions
-from handlers.request_options import fraction_of
+from handlers.model.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
+from handlers.request.request_options import fraction_of
+from handlers.task.detection import DetectionOptions
 
 ModelSourceKind = Literal["timm", "torchvision", "torchscript", "export"]
 DetectionOutput = Literal["torchvision", "yolo"]
@@ -55,7 +55,7 @@ class ModelSource:
 @dataclass(frozen=True)
 class CompileSettings:
     """`compile:` ahead of time: `torchserve-vision build` builds AOTInductor packages into the
-    archive; a worker loads one (never compiles) or serves eagerly. See handlers.compiled_model."""
+    archive; a worker loads one (never compiles) or serves eagerly. See handlers.model.compiled_model."""
 
     cpu_target: CpuTargetName = "avx2"              # a key of compiled_model.CPU_TARGETS
     load_timeout_s: float = DEFAULT_COMPILED_LOAD_TIMEOUT_S

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from handlers.detect_classify_options import BoxOptions, DetectClassifyOptions
-from handlers.detection import DetectionTensors, DetectorInput
+from handlers.request.detect_classify_options import BoxOptions, DetectClassifyOptions
 from handlers.request_slot import DecodedImage
+from handlers.task.detection import DetectionTensors, DetectorInput
 
 
 @dataclass(frozen=True)

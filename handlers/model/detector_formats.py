@@ -19,7 +19,7 @@ import torch
 from torchvision.ops import clip_boxes_to_image
 from torchvision.transforms.v2 import functional as F
 
-from handlers.detection import (
+from handlers.task.detection import (
     DetectionOptions,
     DetectionTensors,
     DetectorInput,
@@ -27,7 +27,7 @@ from handlers.detection import (
     suppress_overlaps,
     yolo_candidates,
 )
-from handlers.letterbox import boxes_to_original, letterbox_batch
+from handlers.task.letterbox import boxes_to_original, letterbox_batch
 
 
 class DetectorFormat(Protocol):

@@ -1,5 +1,5 @@
 """One detection network ready to serve on a device: its settings, class names, precision and
-output format (torchvision detector or YOLO-style; see `handlers.detector_formats`).
+output format (torchvision detector or YOLO-style; see `handlers.model.detector_formats`).
 
 Used by the object detector and by the detect-then-classify pipeline.
 """
@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from handlers.detection import DetectionOptions, DetectionTensors, DetectorInput
-from handlers.detector_formats import DetectorFormat, detector_format
-from handlers.model_loading import autocast, load_for_serving
-from handlers.settings import DetectorSettings
+from handlers.model.detector_formats import DetectorFormat, detector_format
+from handlers.model.model_loading import autocast, load_for_serving
+from handlers.model.settings import DetectorSettings
+from handlers.task.detection import DetectionOptions, DetectionTensors, DetectorInput
 
 WARM_UP_SIZE_HW = (480, 640)
 

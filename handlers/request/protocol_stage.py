@@ -1,7 +1,7 @@
 """The request protocols as a stage of `handle`: TorchServe's own `/predictions` form and the
 Open Inference Protocol (KServe v2). `read` turns a v2 request into the row a `/predictions`
 request of the same content would be; `body` writes a settled request's answer or error in the
-form it was asked in (see handlers.inference_protocol for the v2 wire format)."""
+form it was asked in (see handlers.request.inference_protocol for the v2 wire format)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.errors import ClientError
-from handlers.inference_protocol import (
+from handlers.request.inference_protocol import (
     TensorOutput,
     V2Request,
     is_v2_request,

@@ -1,4 +1,4 @@
-"""The response cache as stages of `handle` (see handlers.response_cache for the tiers and keys).
+"""The response cache as stages of `handle` (see handlers.cache.response_cache for the tiers and keys).
 
 `look_up` runs after parsing: each open request gets its key (the model's namespace, its options
 as canonical text, its image bytes) and, when the cache has it, its answer, without decoding or
@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from handlers.batch_record import BatchRecord
-from handlers.cache_settings import parse_cache_section, with_environment
-from handlers.perceptual_hash import perceptual_hash
-from handlers.request_options import canonical_text
+from handlers.cache.cache_settings import parse_cache_section, with_environment
+from handlers.cache.perceptual_hash import perceptual_hash
+from handlers.cache.response_cache import ResponseCache, cache_key, namespace_of
+from handlers.request.request_options import canonical_text
 from handlers.request_slot import HeaderReader, RequestSlot
-from handlers.response_cache import ResponseCache, cache_key, namespace_of
 
 logger = logging.getLogger(__name__)
 CACHE_HEADER = "X-Cache"   # hit | near-hit | miss | bypass, when the model has a response cache
@@ -39,7 +39,7 @@ def bypasses_cache(header: HeaderReader) -> bool:
 @dataclass(frozen=True)
 class CacheStage:
     cache: ResponseCache
-    namespace: str          # see handlers.response_cache.namespace_of
+    namespace: str          # see handlers.cache.response_cache.namespace_of
 
     def look_up(self, slots: Sequence[RequestSlot], record: BatchRecord) -> None:
         """Key every open, parsed request that does not bypass the cache; answer the hits."""
@@ -63,7 +63,7 @@ class CacheStage:
                                 image_of: Callable[[Any], torch.Tensor | None],
                                 record: BatchRecord) -> None:
         """In near-duplicate mode: a second key per decoded, keyed request (the perceptual hash of
-        `image_of(slot.decoded)`, see handlers.perceptual_hash); hits are answered."""
+        `image_of(slot.decoded)`, see handlers.cache.perceptual_hash); hits are answered."""
         if not self.cache.near_duplicates:
             return
         with record.timing("cache"):

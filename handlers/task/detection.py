@@ -3,7 +3,7 @@ image's detections, YOLO-style candidate decoding, per-request selection, per-cl
 
 Boxes are `float[N, 4]` xyxy; scores `float[N]`; class indices `int64[N]`; all three stay on the
 device they came from until `format_detections` moves the final few to the CPU. Which steps run
-for which kind of model is decided in `handlers.detector_formats`.
+for which kind of model is decided in `handlers.model.detector_formats`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import NamedTuple, TypedDict
 import torch
 from torchvision.ops import batched_nms, box_convert
 
-from handlers.letterbox import Letterbox
+from handlers.task.letterbox import Letterbox
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the target of each: torch version, device, CPU instruction set, precision, input
 never compiles. At load it checks the recorded target against this machine (ATen's CPU
 capability and every feature of the target's x86-64 level), loads the package (bounded in time,
 with input checks on), and checks its answers to the archive's probe photos against the fp32
-eager model's with the criterion of handlers.answer_agreement; any failure is logged with its
+eager model's with the criterion of handlers.model.answer_agreement; any failure is logged with its
 reason and the worker serves the eager model, which is always correct. So an archive built on
 one CPU is safe on another: at worst it runs eagerly.
 """
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from handlers.answer_agreement import answer_disagreement, probability_bound, top_classes
+from handlers.model.answer_agreement import answer_disagreement, probability_bound, top_classes
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def load_probe_photos(model_dir: Path) -> torch.Tensor:
 def check_answers(compiled: Runner, reference: Runner, probe: torch.Tensor, precision: str) -> None:
     """CompiledModelRefused("wrong_output") unless the compiled model's answer to every probe photo
     agrees with the fp32 eager model's within what `precision` allows
-    (handlers.answer_agreement: the criterion the tests use too). A package that fails to run
+    (handlers.model.answer_agreement: the criterion the tests use too). A package that fails to run
     on the probe is refused as well."""
     with torch.inference_mode():
         expected = reference(probe).float().softmax(dim=1)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from handlers.cascade_options import CascadeOptions
-from handlers.pipeline_settings import EscalationRule
+from handlers.model.pipeline_settings import EscalationRule
+from handlers.request.cascade_options import CascadeOptions
 from handlers.request_slot import DecodedImage
 
 

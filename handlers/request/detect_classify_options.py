@@ -1,5 +1,5 @@
 """Per-request options of the detect-then-classify pipeline: the detector's own (see
-`handlers.detection_options`) plus, from a JSON body, form fields or headers:
+`handlers.request.detection_options`) plus, from a JSON body, form fields or headers:
 
     max_boxes / X-Max-Boxes: 5            the best boxes (by score) to classify
     classify_classes / X-Classify-Classes: person,dog
@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.classification_options import top_k_option
-from handlers.detection import DetectionOptions
-from handlers.detection_options import OPTION_HEADERS as DETECTION_HEADERS
-from handlers.detection_options import parse_class_set, parse_detection_options
-from handlers.pipeline_settings import DetectClassifySettings
-from handlers.request_options import option_values, parse_count
+from handlers.model.pipeline_settings import DetectClassifySettings
+from handlers.request.classification_options import top_k_option
+from handlers.request.detection_options import OPTION_HEADERS as DETECTION_HEADERS
+from handlers.request.detection_options import parse_class_set, parse_detection_options
+from handlers.request.request_options import option_values, parse_count
+from handlers.task.detection import DetectionOptions
 
 BOX_HEADERS = {"max_boxes": "X-Max-Boxes", "classify_classes": "X-Classify-Classes",
                "top_k": "X-Top-K"}

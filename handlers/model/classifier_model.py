@@ -13,16 +13,16 @@ from pathlib import Path
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from handlers.compiled_model import (
+from handlers.model.compiled_model import (
     EagerModel,
     MachineTarget,
     Runner,
     RunnerChoice,
     compiled_or_eager,
 )
-from handlers.model_loading import autocast, load_for_serving
-from handlers.settings import ClassifierSettings
-from handlers.transforms import preprocess_classification_batch
+from handlers.model.model_loading import autocast, load_for_serving
+from handlers.model.settings import ClassifierSettings
+from handlers.task.transforms import preprocess_classification_batch
 
 
 class ClassifierModel:

@@ -22,8 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from handlers.detection import DetectionOptions
-from handlers.settings import (
+from handlers.model.settings import (
     ClassifierSettings,
     DetectorSettings,
     ImageLimits,
@@ -35,6 +34,7 @@ from handlers.settings import (
     parse_detector_settings,
     parse_limits,
 )
+from handlers.task.detection import DetectionOptions
 
 EscalationRule = Literal["probability", "margin"]
 CASCADE_STAGES = ("first", "second")

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from handlers.settings import HandlerSettings, ModelSource
+from handlers.model.settings import HandlerSettings, ModelSource
 
 logger = logging.getLogger(__name__)
 

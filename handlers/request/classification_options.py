@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.request_options import option_values, parse_count
+from handlers.request.request_options import option_values, parse_count
 
 OPTION_HEADERS = {"top_k": "X-Top-K"}
 OPTION_FIELDS = frozenset(OPTION_HEADERS)

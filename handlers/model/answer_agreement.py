@@ -1,6 +1,6 @@
 """Do two classifier answers for the same image agree, within what a precision's rounding allows?
 
-One criterion, used by a worker's load-time check of a compiled package (handlers.compiled_model)
+One criterion, used by a worker's load-time check of a compiled package (handlers.model.compiled_model)
 and by the tests: compare the *answers* (class probabilities, best first) with the fp32 eager
 model's, not raw logits. A reduced precision (or another kernel, batch size or CPU) moves every
 probability a little; a wrong model moves them a lot, and changes the best class of photos whose

@@ -34,7 +34,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torchvision.transforms.v2.functional import to_dtype
 
 from handlers.errors import ClientError
-from handlers.settings import ImageLimits
+from handlers.model.settings import ImageLimits
 
 # Pillow opens MPO files through its JPEG plugin and reports format "MPO".
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")

@@ -1,0 +1,2 @@
+"""Loading and running a network: settings, loading, precision, compiled packages and
+the check of their answers."""

@@ -48,3 +48,10 @@ def emit_compiled_model_refusal(metrics: Any, refusal: CompiledModelRefused) -> 
     if metrics is not None:
         metrics.add_counter("HandlerCompiledModelRefusals", 1,
                             dimensions=[MetricDimension("Reason", refusal.kind)])
+
+
+def emit_queue_full(metrics: Any) -> None:
+    """Count a request refused with 503 because the continuous batcher's queue was full."""
+    if metrics is not None:
+        metrics.add_counter("HandlerRejectedRequests", 1,
+                            dimensions=[MetricDimension("Reason", "QueueFull")])

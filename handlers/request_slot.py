@@ -9,7 +9,7 @@ ClientError; nothing is tracked by position in parallel lists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -41,13 +41,16 @@ class DecodedImage(Generic[Options]):
 
 @dataclass(eq=False)
 class RequestSlot:
-    """One request of a batch through every stage. `row` is what TorchServe handed over (a v2
-    request's row once the protocol has read it); `v2` is set for an Open Inference Protocol
-    request; `cache_keys` are the exact key and, in near-duplicate mode, the perceptual one."""
+    """One request of a batch through every stage. `context` is the TorchServe context its
+    answer goes to, at `index` (in continuous batching, each request has its own context; see
+    handlers.continuous_batching). `row` is what TorchServe handed over (a v2 request's row once
+    the protocol has read it); `v2` is set for an Open Inference Protocol request; `cache_keys`
+    are the exact key and, in near-duplicate mode, the perceptual one."""
 
     index: int
     row: Mapping[str, Any]
     header: HeaderReader
+    context: Any = None         # a handlers.torchserve_context.TorchServeContext
     v2: V2Request | None = None
     parsed: ParsedRequest[Any] | None = None
     decoded: Any = None
@@ -77,5 +80,5 @@ class RequestSlot:
         self.settled = True
 
 
-def open_slots(slots: list[RequestSlot]) -> list[RequestSlot]:
+def open_slots(slots: Sequence[RequestSlot]) -> list[RequestSlot]:
     return [slot for slot in slots if slot.is_open]

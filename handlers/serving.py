@@ -31,10 +31,15 @@ import torch
 from handlers.batch_metrics import emit_batch_metrics, emit_compiled_model_refusal
 from handlers.batch_record import BatchRecord
 from handlers.cache.cache_stage import CACHE_HEADER, CacheStage, cache_stage_for
+from handlers.continuous_serving import ContinuousServing, continuous_batching_of
 from handlers.errors import ClientError
 from handlers.model.compiled_model import CompiledModelRefused, RunnerChoice, RunnerKind
 from handlers.model.model_loading import resolve_device
-from handlers.model.settings import ImageLimits, parse_log_batches, parse_torch_threads
+from handlers.model.settings import (
+    ImageLimits,
+    parse_log_batches,
+    parse_torch_threads,
+)
 from handlers.request.decode import decode_image_bytes
 from handlers.request.inference_protocol import TensorOutput
 from handlers.request.protocol_stage import ProtocolStage
@@ -91,6 +96,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         # roles), set by `load`: a package, or eager and why.
         self.runners: dict[str, RunnerChoice] = {}
         self.cache: CacheStage | None = None  # with `handler.cache` (or TSV_CACHE=on)
+        # In TorchServe's asynchronous worker mode (`asyncCommunication: true`): see
+        # handlers.continuous_serving.
+        self.continuous: ContinuousServing | None = None
 
     # --- TorchServe entry points -------------------------------------------------------
     def initialize(self, context: TorchServeContext) -> None:
@@ -104,6 +112,10 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         self.model_version = model_manifest.get("modelVersion", self.model_version)
         self.max_batch_size = int(properties.get("batch_size") or 1)
         handler_settings = (context.model_yaml_config or {}).get("handler", {})
+        continuous = None
+        if (context.model_yaml_config or {}).get("asyncCommunication"):
+            continuous = continuous_batching_of(handler_settings, self.max_batch_size)
+            self.max_batch_size = continuous.max_batch_size     # what warm-up and batches use
         self.log_batches = parse_log_batches(handler_settings)
         threads = parse_torch_threads(handler_settings)
         if threads is not None:
@@ -124,6 +136,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         for refusal in self.compiled_refusals:
             emit_compiled_model_refusal(getattr(context, "metrics", None), refusal)
         self.cache = cache_stage_for(handler_settings, self.model_name, self.model_version)
+        if continuous is not None:
+            self.continuous = ContinuousServing(self.run_slots, self.describe, continuous,
+                                                f"{self.model_name} {self.model_version}")
         self.initialized = True
 
     @property
@@ -143,17 +158,31 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                 "max_batch_size": self.max_batch_size, "runner": self.runner,
                 "runners": {role: choice.describe() for role, choice in self.runners.items()}}
 
-    def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> list[bytes]:
+    def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> Any:
+        """TorchServe's entry point: `handle_batch`'s answers, or, in TorchServe's asynchronous
+        worker mode, an awaitable of them (the requests join the continuous batcher: see
+        handlers.continuous_serving)."""
+        if self.continuous is not None:
+            return self.continuous.handle(data, context)
+        return self.handle_batch(data, context)
+
+    def handle_batch(self, data: Sequence[Mapping[str, Any]],
+                     context: TorchServeContext) -> list[bytes]:
         """One JSON body per request, in order; statuses set per request on `context`. A request
         in the Open Inference Protocol's form is answered in that form. With a response cache,
         hits are answered without decoding or inference. TorchServe's describe job (see
         `is_describe_request`) gets `describe()`."""
         if is_describe_request(data, context):
             return [json.dumps(self.describe()).encode("utf-8")]
-        record = BatchRecord(self.model_name, self.model_version, size=len(data), runner=self.runner)
+        return self.run_slots([RequestSlot(index, row, header_reader(context, index), context)
+                               for index, row in enumerate(data)])
+
+    def run_slots(self, slots: Sequence[RequestSlot]) -> list[bytes]:
+        """One batch through every stage; one body per slot, in order."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)     # per thread: the batcher has its own
+        record = BatchRecord(self.model_name, self.model_version, size=len(slots), runner=self.runner)
         protocol = ProtocolStage(self.model_name, self.model_version, self.v2_outputs)
-        slots = [RequestSlot(index, row, header_reader(context, index))
-                 for index, row in enumerate(data)]
         with record.timing("decode"):
             for slot in slots:
                 protocol.read(slot)
@@ -174,8 +203,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             self.record_answers(record, answers)
         if self.cache is not None:
             self.cache.store(computed, record)
-        self.finish_record(record, slots, context)
-        return [self.respond(context, slot, len(slots), protocol) for slot in slots]
+        self.finish_record(record, slots)
+        return [self.respond(slot, len(slots), protocol) for slot in slots]
 
     def parse(self, slot: RequestSlot) -> None:
         """An open slot's image bytes and options, once; a ClientError refuses it."""
@@ -192,13 +221,14 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         except ClientError as error:
             slot.refuse(error)
 
-    def finish_record(self, record: BatchRecord, slots: Sequence[RequestSlot],
-                      context: TorchServeContext) -> None:
+    def finish_record(self, record: BatchRecord, slots: Sequence[RequestSlot]) -> None:
         record.answered = sum(slot.error is None for slot in slots)
         record.rejected.update(slot.error.error_type for slot in slots if slot.error is not None)
+        if self.continuous is not None:
+            record.gauges["QueuedRequests"] = self.continuous.batcher.queued
         if self.log_batches:
             logger.info(record.to_log_line())
-        emit_batch_metrics(getattr(context, "metrics", None), record)
+        emit_batch_metrics(getattr(slots[0].context, "metrics", None), record)
 
     def answer_items(self, items: Sequence[DecodedImage[Options]], record: BatchRecord) -> list[Any]:
         """preprocess -> infer -> postprocess over `items`; on CUDA out-of-memory, the items are
@@ -229,10 +259,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                        len(items) - half)
         return self.answer_items(items[:half], record) + self.answer_items(items[half:], record)
 
-    def respond(self, context: TorchServeContext, slot: RequestSlot, batch_size: int,
-                protocol: ProtocolStage) -> bytes:
-        """Set a settled request's status, content type and headers; its body."""
-        index = slot.index
+    def respond(self, slot: RequestSlot, batch_size: int, protocol: ProtocolStage) -> bytes:
+        """Set a settled request's status, content type and headers on its context; its body."""
+        index, context = slot.index, slot.context
         context.set_response_content_type(index, JSON_CONTENT_TYPE)
         context.set_response_header(index, BATCH_SIZE_HEADER, str(batch_size))
         if slot.cache_status is not None:

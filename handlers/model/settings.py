@@ -158,6 +158,35 @@ def parse_torch_threads(handler_section: Mapping[str, Any]) -> int | None:
     return None if value is None else _positive_int(value, "torch_threads")
 
 
+DEFAULT_MAX_QUEUED = 100   # TorchServe's default job_queue_size
+
+
+@dataclass(frozen=True)
+class ContinuousBatching:
+    """`continuous_batching:` of the handler section (the archive's YAML then also says
+    `asyncCommunication: true`): the worker batches whatever has arrived, up to
+    `max_batch_size`, with at most `max_queued` requests waiting (one more is answered 503 at
+    once: in this mode the frontend hands every request to the worker as it arrives, so its
+    job_queue_size bounds nothing). The model is registered with batch size 1 and no delay."""
+
+    max_queued: int = DEFAULT_MAX_QUEUED
+    max_batch_size: int = 8
+
+
+def parse_continuous_batching(handler_section: Mapping[str, Any]) -> ContinuousBatching | None:
+    section = handler_section.get("continuous_batching")
+    if section is None or section is False:
+        return None
+    if section is True:
+        return ContinuousBatching()
+    if not isinstance(section, Mapping) or set(section) - {"max_queued", "max_batch_size"}:
+        raise SettingsError("'continuous_batching' must be true or a mapping with 'max_queued' and "
+                            f"'max_batch_size'; got {section!r}")
+    return ContinuousBatching(
+        _positive_int(section.get("max_queued", DEFAULT_MAX_QUEUED), "continuous_batching.max_queued"),
+        _positive_int(section.get("max_batch_size", 8), "continuous_batching.max_batch_size"))
+
+
 def parse_compile(value: Any) -> CompileSettings | None:
     """`compile`: false / absent (eager), true (the defaults), or a mapping of CompileSettings."""
     if value in (None, False):

@@ -39,7 +39,6 @@ from torchserve_vision.model_descriptions import (
     SERIALIZED_NAMES,
     DescriptionError,
     ModelDescription,
-    ServingSettings,
     resolve_labels,
 )
 
@@ -224,18 +223,31 @@ def stage_files(description: ModelDescription, staging: Path) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (extra / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
     packages = compiled_packages(description, request, num_classes, weights, extra / COMPILED_DIRECTORY)
-    model_yaml = {**frontend_settings(description.serving),
+    model_yaml = {**frontend_settings(description),
                   "handler": handler_section(description, num_classes, packages)}
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
     return weights
 
 
-def frontend_settings(serving: ServingSettings) -> dict[str, Any]:
+def frontend_settings(description: ModelDescription) -> dict[str, Any]:
     """Top-level keys of the archive's YAML that TorchServe's frontend reads. It takes the
     timeouts from the archive whenever the archive has a YAML (120 s when the YAML omits them),
     whatever config.properties says; workers and batch settings stay with the register call and
-    `models=`, which scale and rollouts change."""
-    return {"startupTimeout": serving.startup_timeout_s, "responseTimeout": serving.response_timeout_s}
+    `models=`, which scale and rollouts change. `handler.continuous_batching` turns on
+    TorchServe's asynchronous worker mode (see handlers/continuous_serving.py), where the
+    frontend passes each request on at once: batch size 1, no delay."""
+    serving = description.serving
+    settings: dict[str, Any] = {"startupTimeout": serving.startup_timeout_s,
+                                "responseTimeout": serving.response_timeout_s}
+    if description.handler_options.get("continuous_batching"):
+        if (serving.batch_size, serving.max_batch_delay_ms) != (1, 0):
+            raise BuildError(f"{description.name}: continuous batching batches in the worker "
+                             "(continuous_batching.max_batch_size); the frontend must pass each "
+                             "request on at once: set serving.batch_size to 1 and "
+                             "serving.max_batch_delay_ms to 0 (they are "
+                             f"{serving.batch_size} and {serving.max_batch_delay_ms})")
+        settings["asyncCommunication"] = True
+    return settings
 
 
 def run_archiver(description: ModelDescription, staging: Path, weights: Path | None, store: Path,
@@ -273,7 +285,7 @@ def stage_pipeline_files(description: ModelDescription, store: Path, staging: Pa
         raise BuildError(str(error)) from None
     shutil.copytree(HANDLER_PACKAGE, extra / "handlers",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    model_yaml = {**frontend_settings(description.serving), "handler": section}
+    model_yaml = {**frontend_settings(description), "handler": section}
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
 
 

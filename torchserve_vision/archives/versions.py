@@ -34,10 +34,12 @@ def archive_manifest(path: Path) -> dict[str, Any]:
 
 
 def archive_with_version(store: Path, archive: str, version: str,
-                         handler_changes: dict[str, Any] | None = None) -> str:
+                         handler_changes: dict[str, Any] | None = None,
+                         frontend_changes: dict[str, Any] | None = None) -> str:
     """Copy `archive` in the model store as `<name>-<version>.mar` with that manifest version
     (and, with `handler_changes`, those top-level keys of its YAML's `handler:` section replaced,
-    e.g. {"cache": {...}}: a setting changed without rebuilding or recompiling).
+    e.g. {"cache": {...}}: a setting changed without rebuilding or recompiling; with
+    `frontend_changes`, those top-level keys of the YAML, e.g. {"asyncCommunication": True}).
 
     TorchServe fixes batch size and delay at registration and keys versions by the manifest's
     version, so new batch settings for the same archive need a new version: this is it.
@@ -54,9 +56,9 @@ def archive_with_version(store: Path, archive: str, version: str,
                 document = json.loads(data)
                 document["model"]["modelVersion"] = version
                 data = json.dumps(document, indent=2).encode()
-            elif handler_changes and item.filename == config_file:
-                model_yaml = yaml.safe_load(data)
-                model_yaml["handler"] = {**model_yaml.get("handler", {}), **handler_changes}
+            elif (handler_changes or frontend_changes) and item.filename == config_file:
+                model_yaml = {**yaml.safe_load(data), **(frontend_changes or {})}
+                model_yaml["handler"] = {**model_yaml.get("handler", {}), **(handler_changes or {})}
                 data = yaml.safe_dump(model_yaml).encode()
             new.writestr(item, data)
     shutil.move(tmp.name, store / target_name)

@@ -1,0 +1,100 @@
+"""Continuous batching on a real TorchServe in its asynchronous worker mode: the frontend hands
+each request to the worker at once, the worker batches whatever has arrived. A lone request is
+answered alone; concurrent ones share batches; a bad upload fails only itself; per-request
+options hold; a full worker queue answers 503 at once; the v2 protocol and the describe job work."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.images import CAT_LABELS, photo_bytes
+from tests.server.http_client import concurrently
+from tests.server.servers import started_server
+from torchserve_vision.archives.versions import archive_with_version
+from torchserve_vision.lab.benchmark_images import benchmark_jpeg
+from torchserve_vision.rollout import wait_for_workers
+from torchserve_vision.server_process import TorchServeInstance, ping
+
+pytestmark = pytest.mark.server
+MODEL, VERSION = "efficientnet_lite0", "1.0-cb"
+MAX_QUEUED = 16
+
+
+@pytest.fixture(scope="module")
+def continuous_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    """Lite0 as shipped, copied with `continuous_batching` on (batches of up to 8 in the worker),
+    registered with batch size 1 and no frontend delay, on a server of its own."""
+    store = tmp_path_factory.mktemp("continuous-store")
+    shutil.copy(model_store / "efficientnet_lite0-1.0.mar", store)
+    archive = archive_with_version(store, "efficientnet_lite0-1.0.mar", VERSION,
+                                   handler_changes={"continuous_batching": {"max_queued": MAX_QUEUED,
+                                                                          "max_batch_size": 8}},
+                                   frontend_changes={"asyncCommunication": True})
+    for server in started_server(tmp_path_factory.mktemp("continuous"), store, load_models=""):
+        client = server.client()
+        client.register(archive, batch_size=1, max_batch_delay_ms=0, initial_workers=1,
+                        response_timeout_s=60, startup_timeout_s=240)
+        wait_for_workers(client, MODEL, VERSION, 1, 300)
+        yield server
+
+
+def post(server: TorchServeInstance, body: bytes, headers: dict[str, str] | None = None) -> requests.Response:
+    return requests.post(f"{server.inference_url}/predictions/{MODEL}", data=body, timeout=60,
+                         headers={"Content-Type": "application/octet-stream", **(headers or {})})
+
+
+def test_a_lone_request_is_answered_alone(continuous_server):
+    answer = post(continuous_server, photo_bytes("chelsea.png"))
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["X-Batch-Size"] == "1"
+    assert answer.json()[0]["label"] in CAT_LABELS and len(answer.json()) == 5
+
+
+def test_concurrent_requests_share_batches_and_a_bad_upload_fails_only_itself(continuous_server):
+    """12 MP photos: each batch takes long enough that the requests behind it queue."""
+    photo = benchmark_jpeg("phone")
+    def asking(body: bytes, top_k: int) -> Callable[[], requests.Response]:
+        return lambda: post(continuous_server, body, {"X-Top-K": str(top_k)})
+
+    calls = [asking(photo, k) for k in (1, 2, 3) * 5]
+    calls.insert(7, asking(b"not an image", 1))
+    answers = concurrently(calls, len(calls))
+    bad = answers.pop(7)
+    assert bad.status_code == 400 and bad.json()["type"] == "NotAnImage", bad.text
+    assert [a.status_code for a in answers] == [200] * 15
+    assert [len(a.json()) for a in answers] == [1, 2, 3] * 5            # each its own top_k
+    assert all(a.json()[0]["label"] in CAT_LABELS for a in answers)
+    assert max(int(a.headers["X-Batch-Size"]) for a in [*answers, bad]) > 1
+
+
+def test_a_full_worker_queue_answers_503_at_once_and_the_rest_are_served(continuous_server):
+    photo = benchmark_jpeg("phone")
+    answers = concurrently([lambda: post(continuous_server, photo)] * 48, 48)
+    statuses = [a.status_code for a in answers]
+    refused = [a for a in answers if a.status_code == 503]
+    assert set(statuses) <= {200, 503} and refused and statuses.count(200) >= MAX_QUEUED + 1, statuses
+    assert all(a.headers.get("Retry-After") == "1" and a.json()["type"] == "ServiceUnavailable"
+               for a in refused)
+    assert all(a.json()[0]["label"] in CAT_LABELS for a in answers if a.status_code == 200)
+    assert post(continuous_server, photo_bytes("chelsea.png")).status_code == 200
+    assert ping(continuous_server)
+
+
+def test_the_open_inference_protocol_and_the_describe_job_work(continuous_server):
+    request = {"id": "7", "parameters": {"top_k": 2},
+               "inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                           "data": [base64.b64encode(photo_bytes("chelsea.png")).decode()]}]}
+    answer = requests.post(f"{continuous_server.inference_url}/v2/models/{MODEL}/infer",
+                           json=request, timeout=60)
+    assert answer.status_code == 200, answer.text
+    outputs = {output["name"]: output for output in answer.json()["outputs"]}
+    assert answer.json()["id"] == "7" and outputs["labels"]["shape"] == [2]
+    assert outputs["labels"]["data"][0] in CAT_LABELS
+    (described,) = continuous_server.client().describe(MODEL, VERSION, customized=True)
+    assert described["customizedMetadata"]["max_batch_size"] == 8

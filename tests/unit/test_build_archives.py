@@ -21,7 +21,7 @@ from handlers.task.transforms import preprocess_classification_batch
 from tests.archives import archive_context, load_classifier
 from tests.images import photo_bytes
 from torchserve_vision import paths
-from torchserve_vision.archives.build import BuildError, build_archive
+from torchserve_vision.archives.build import BuildError, build_archive, frontend_settings
 from torchserve_vision.archives.fixed_seed_weights import calibrated_classifier
 from torchserve_vision.cli import main as command
 from torchserve_vision.model_descriptions import (
@@ -295,3 +295,16 @@ def test_a_cascade_version_from_flags_takes_the_described_cascades_settings(caps
     assert cascade.serving == described.serving
     with pytest.raises(DescriptionError, match="exactly first, second"):
         chosen_descriptions(command_parser().parse_args([*flags[:-2], "first=a-1.0"]))
+
+
+def test_continuous_batching_is_refused_for_archives_with_the_reason():
+    """TorchServe 0.12's asynchronous frontend breaks unregistering (docs/benchmarks.md): the
+    policy is measured in the lab (`lab policies`), never built into an archive."""
+    description = parse_description({"name": "m", "labels": "imagenet",
+                                     "model": {"source": "timm", "architecture": "test_efficientnet",
+                                               "weights": "fixed-seed:0"},
+                                     "handler": {"continuous_batching": True}})
+    with pytest.raises(BuildError, match="Deque full"):
+        frontend_settings(description)
+    assert "asyncCommunication" not in frontend_settings(
+        dataclasses.replace(description, handler_options={}))

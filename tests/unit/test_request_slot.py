@@ -4,13 +4,17 @@ fails the batch."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
+from handlers.continuous_serving import ContinuousServing
 from handlers.errors import ClientError
+from handlers.model.settings import ContinuousBatching
 from handlers.request_slot import DecodedImage, ParsedRequest, RequestSlot
 from handlers.serving import BatchedImageHandler, HeaderReader
 from torchserve_vision.lab.local_handler import LocalContext
@@ -98,3 +102,57 @@ def test_a_request_is_settled_once():
 def test_client_error_rejects_non_4xx_statuses():
     with pytest.raises(ValueError):
         ClientError(500, "Oops", "server faults are not client errors")
+
+
+# --- continuous batching (TorchServe's asynchronous worker mode) ---------------------------------
+class GatedDigitHandler(DigitHandler):
+    """Its model waits for the gate, so a test can hold a batch while more requests arrive."""
+
+    def __init__(self, max_batch_size: int, max_queued: int) -> None:
+        super().__init__()
+        self.gate, self.running = threading.Event(), threading.Event()
+        self.continuous = ContinuousServing(self.run_slots, self.describe,
+                                            ContinuousBatching(max_queued, max_batch_size), "digits 1")
+
+    def infer(self, model_input: list[int]) -> list[int]:
+        self.running.set()
+        self.gate.wait(30)
+        return super().infer(model_input)
+
+
+async def handle_continuously(handler: DigitHandler, body: str) -> tuple[Any, LocalContext]:
+    context = LocalContext(".", {}, {})
+    (answer,) = await handler.handle([{"body": bytearray(body.encode())}], context)
+    return json.loads(answer), context
+
+
+def test_continuous_mode_batches_what_arrived_and_refuses_a_full_queue_at_once():
+    async def scenario() -> None:
+        handler = GatedDigitHandler(max_batch_size=2, max_queued=2)
+        first = asyncio.ensure_future(handle_continuously(handler, "1"))
+        while not handler.running.is_set():       # the first request runs alone, at once
+            await asyncio.sleep(0.01)
+        queued = [asyncio.ensure_future(handle_continuously(handler, text)) for text in ("2", "x")]
+        while handler.continuous is not None and handler.continuous.batcher.queued < 2:
+            await asyncio.sleep(0.01)
+        refused, context = await handle_continuously(handler, "4")
+        assert context.status(0) == 503 and refused["type"] == "ServiceUnavailable"
+        assert context.response_headers[0]["Retry-After"] == "1"
+        handler.gate.set()
+        (one, one_context), (two, _), (bad, bad_context) = [await task for task in (first, *queued)]
+        assert (one, one_context.response_headers[0]["X-Batch-Size"]) == (10, "1")
+        assert two == 20 and (bad_context.status(0), bad["type"]) == (400, "NotADigit")
+
+    asyncio.run(scenario())
+
+
+def test_continuous_mode_answers_a_server_fault_per_request_with_500():
+    async def scenario() -> None:
+        handler = GatedDigitHandler(max_batch_size=4, max_queued=4)
+        handler.gate.set()
+        answer, context = await handle_continuously(handler, "boom")
+        assert context.status(0) == 500 and answer["type"] == "ServerFault" and "a bug" in answer["message"]
+        answer, context = await handle_continuously(handler, "3")      # the worker goes on
+        assert (answer, context.status(0)) == (30, 200)
+
+    asyncio.run(scenario())

@@ -233,20 +233,17 @@ def frontend_settings(description: ModelDescription) -> dict[str, Any]:
     """Top-level keys of the archive's YAML that TorchServe's frontend reads. It takes the
     timeouts from the archive whenever the archive has a YAML (120 s when the YAML omits them),
     whatever config.properties says; workers and batch settings stay with the register call and
-    `models=`, which scale and rollouts change. `handler.continuous_batching` turns on
-    TorchServe's asynchronous worker mode (see handlers/continuous_serving.py), where the
-    frontend passes each request on at once: batch size 1, no delay."""
+    `models=`, which scale and rollouts change. `handler.continuous_batching` (TorchServe's
+    asynchronous worker mode, handlers/continuous_serving.py) is refused: see the message."""
     serving = description.serving
     settings: dict[str, Any] = {"startupTimeout": serving.startup_timeout_s,
                                 "responseTimeout": serving.response_timeout_s}
     if description.handler_options.get("continuous_batching"):
-        if (serving.batch_size, serving.max_batch_delay_ms) != (1, 0):
-            raise BuildError(f"{description.name}: continuous batching batches in the worker "
-                             "(continuous_batching.max_batch_size); the frontend must pass each "
-                             "request on at once: set serving.batch_size to 1 and "
-                             "serving.max_batch_delay_ms to 0 (they are "
-                             f"{serving.batch_size} and {serving.max_batch_delay_ms})")
-        settings["asyncCommunication"] = True
+        raise BuildError(f"{description.name}: continuous batching is measured in the lab only "
+                         "(torchserve-vision lab policies): TorchServe 0.12's asynchronous frontend "
+                         "keeps every answered request in its map of jobs in the worker, so "
+                         "unregistering or scaling down a version that served 100 requests fails "
+                         "with 'Deque full' (docs/benchmarks.md, batching policies)")
     return settings
 
 

@@ -23,6 +23,7 @@ from torchserve_vision.cli.common import (
 )
 from torchserve_vision.errors import LabError
 from torchserve_vision.lab import (
+    batching_policies,
     cache_benchmark,
     capacity_plan,
     cascade_tradeoff,
@@ -54,7 +55,7 @@ deployment's replicas and autoscaling targets.
 def register(commands: argparse._SubParsersAction, summary: str) -> None:
     parser = subcommand(commands, "lab", summary, DESCRIPTION)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_compile_speed,
+    for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_policies, add_compile_speed,
                 add_precision, add_startup, add_rollout_drill, add_plan,
                 add_rolling_update, add_cascade, add_cache, add_near_duplicates):
         add(actions)
@@ -238,6 +239,27 @@ def add_compare(actions: argparse._SubParsersAction) -> None:
                         help="the server's model_log.log, read for the served / in-process "
                              "breakdown (default: the demo server's)")
     parser.set_defaults(run=run_compare)
+
+
+def add_policies(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "policies",
+                        "frontend vs continuous batching vs one shared session, at every load",
+                        batching_policies.__doc__ or "",
+                        [connection_flags(), model_store_flag(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per policy and load")
+    image_size_flag(parser)
+    parser.set_defaults(run=run_policies)
+
+
+def run_policies(args: argparse.Namespace) -> int:
+    result = batching_policies.compare_policies(client_from(args), args.model_store, args.model,
+                                                benchmark_jpeg(args.image_size), args.clients,
+                                                args.duration)
+    result["image"] = args.image_size
+    print(json.dumps(result, indent=2) if args.json else batching_policies.as_text(result))
+    return 0
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -21,20 +21,19 @@ client, throughput at 4 and 16).
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from torchserve_vision.archives.versions import archive_manifest, archive_with_version
 from torchserve_vision.client import ManagementError, TorchServeClient
 from torchserve_vision.lab.compare import drive, register, unregister_all
-from torchserve_vision.lab.loadgen import LoadTarget, Report, run_closed_loop
+from torchserve_vision.lab.loadgen import KeepAliveHandler, LoadTarget, Report, run_closed_loop
 from torchserve_vision.lab.local_handler import LocalContext, extract_archive, load_handler
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.server_state import served_default_version, versions_of
@@ -58,13 +57,7 @@ def single_session_server(store: Path, archive: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         handler = load_handler(extract_archive(store / archive, Path(tmp) / "model"), batch_size=1)
 
-        class Answer(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def setup(self) -> None:
-                super().setup()
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
+        class Answer(KeepAliveHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 context = LocalContext(tmp, {}, {}, request_headers=[dict(self.headers)])
@@ -74,9 +67,6 @@ def single_session_server(store: Path, archive: str) -> Iterator[str]:
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
                 self.wfile.write(answer)
-
-            def log_message(self, *args: object) -> None:
-                pass
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
         server.daemon_threads = True

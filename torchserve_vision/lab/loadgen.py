@@ -229,22 +229,27 @@ def run_open_loop(target: LoadTarget, rate_rps: float, duration_s: float, max_re
 
 
 # --- the client's own ceiling -------------------------------------------------------------------
-class _InstantHandler(BaseHTTPRequestHandler):
+class KeepAliveHandler(BaseHTTPRequestHandler):
+    """A request handler for the lab's local servers: HTTP/1.1 keep-alive, no Nagle delay, no
+    log line per request."""
+
     protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _InstantHandler(KeepAliveHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"[]")
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def instant_server() -> tuple[ThreadingHTTPServer, str]:

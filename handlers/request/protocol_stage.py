@@ -12,10 +12,13 @@ from typing import Any
 
 from handlers.errors import ClientError
 from handlers.request.inference_protocol import (
+    BINARY_HEADER,
     TensorOutput,
     V2Request,
+    binary_v2_to_row,
     is_v2_request,
     v2_error,
+    v2_json_in_bytes,
     v2_response,
     v2_to_row,
 )
@@ -31,13 +34,23 @@ class ProtocolStage:
     outputs: Callable[[Any], list[TensorOutput]]
 
     def read(self, slot: RequestSlot) -> None:
-        """Mark a v2 request as one and give it its `/predictions` row; refuse a malformed one."""
+        """Mark a v2 request as one (parsed JSON, JSON that came as bytes, or the binary tensor
+        extension) and give it its `/predictions` row; refuse a malformed one."""
         body = slot.row.get("body")
-        if not is_v2_request(body):
-            return
+        binary_length = slot.header(BINARY_HEADER)
+        if isinstance(body, (bytes, bytearray)):
+            if binary_length is not None:
+                self.convert(slot, lambda: binary_v2_to_row(bytes(body), binary_length))
+            elif (parsed := v2_json_in_bytes(bytes(body))) is not None:
+                self.convert(slot, lambda: v2_to_row(parsed))
+        elif is_v2_request(body):
+            self.convert(slot, lambda: v2_to_row(slot.row["body"]))
+
+    @staticmethod
+    def convert(slot: RequestSlot, to_row: Callable[[], tuple[dict[str, Any], V2Request]]) -> None:
         slot.v2 = V2Request(None)
         try:
-            slot.row, slot.v2 = v2_to_row(slot.row["body"])
+            slot.row, slot.v2 = to_row()
         except ClientError as error:
             slot.refuse(error)
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from handlers.errors import ClientError
 from handlers.request.classification_options import parse_classification_options
 from handlers.request.inference_protocol import (
     V2Request,
+    binary_v2_to_row,
     classification_outputs,
     detection_outputs,
     is_v2_request,
     v2_error,
+    v2_json_in_bytes,
     v2_response,
     v2_to_row,
 )
@@ -83,3 +87,47 @@ def test_top_k_comes_from_the_body_then_the_header_then_the_default():
     for bad in (0, 1001, "three", True):
         with pytest.raises(ClientError):
             parse_top_k({"body": {"top_k": bad}}, no_header, 5, 1000)
+
+
+def binary_request(image: bytes, datatype: str = "BYTES", **parameters: object) -> tuple[bytes, str]:
+    """A body in the binary tensor extension and its Inference-Header-Content-Length."""
+    data = image if datatype == "UINT8" else len(image).to_bytes(4, "little") + image
+    shape = [len(image)] if datatype == "UINT8" else [1]
+    header = json.dumps({"id": "9", "parameters": {"binary_data_output": True, **parameters},
+                         "inputs": [{"name": "image", "shape": shape, "datatype": datatype,
+                                     "parameters": {"binary_data_size": len(data)}}]}).encode()
+    return header + data, str(len(header))
+
+
+@pytest.mark.parametrize("datatype", ["BYTES", "UINT8"])
+def test_the_binary_tensor_extension_gives_the_image_bytes_and_the_options(datatype):
+    body, length = binary_request(b"\x89PNG image bytes", datatype, top_k=2)
+    row, request = binary_v2_to_row(body, length)
+    assert row == {"top_k": 2, "data": b"\x89PNG image bytes"} and request == V2Request("9")
+
+
+@pytest.mark.parametrize("change", ["length", "size", "element", "shape", "datatype"])
+def test_a_malformed_binary_request_is_a_400(change):
+    body, length = binary_request(b"image")
+    json_part, data = body[:int(length)], body[int(length):]
+    if change == "length":
+        length = str(int(length) + 3)
+    elif change == "size":
+        body = body + b"extra"
+    elif change == "element":
+        body = json_part + (99).to_bytes(4, "little") + data[4:]
+    elif change == "shape":
+        body = body.replace(b'"shape": [1]', b'"shape": [2]')
+    else:
+        body = body.replace(b'"BYTES"', b'"FP32" ')
+        length = str(int(length) + 1)
+    with pytest.raises(ClientError) as raised:
+        binary_v2_to_row(body, length)
+    assert raised.value.status == 400
+
+
+def test_json_sent_as_bytes_is_read_as_a_v2_request_and_other_bytes_are_not():
+    body = json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                                   "data": ["aGk="]}]}).encode()
+    assert v2_json_in_bytes(body) == json.loads(body)
+    assert v2_json_in_bytes(b"\x89PNG") is None and v2_json_in_bytes(b'{"data": "aGk="}') is None

@@ -59,7 +59,6 @@ class RequestSlot:
     answer: Any = None
     error: ClientError | None = None
     settled: bool = False
-    from_cache: bool = False
 
     @property
     def is_open(self) -> bool:
@@ -70,9 +69,9 @@ class RequestSlot:
         self._settle()
         self.error = error
 
-    def answer_with(self, answer: Any, *, from_cache: bool = False) -> None:
+    def answer_with(self, answer: Any) -> None:
         self._settle()
-        self.answer, self.from_cache = answer, from_cache
+        self.answer = answer
 
     def _settle(self) -> None:
         if self.settled:

@@ -83,7 +83,7 @@ class CacheStage:
         found = self.cache.lookup([slot.cache_keys[-1] for slot in keyed])
         hits = [slot for slot in keyed if slot.cache_keys[-1] in found]
         for slot in hits:
-            slot.answer_with(json.loads(found[slot.cache_keys[-1]]), from_cache=True)
+            slot.answer_with(json.loads(found[slot.cache_keys[-1]]))
             slot.cache_status = status
         return len(hits)
 

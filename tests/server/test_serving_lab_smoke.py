@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
+import requests
 
+from tests.server.http_client import concurrently
 from tests.server.servers import started_server
 from torchserve_vision import paths
 from torchserve_vision.cli import main as command
 from torchserve_vision.client import TorchServeClient
-from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.lab.batching_policies import retire
+from torchserve_vision.lab.compare import register
+from torchserve_vision.lab.echo_archive import ECHO, ECHO_ASYNC, build_echo_archive
+from torchserve_vision.model_descriptions import ServingSettings, load_descriptions
 from torchserve_vision.server_process import TorchServeInstance
-from torchserve_vision.server_state import default_version
+from torchserve_vision.server_state import default_version, versions_of
 
 pytestmark = pytest.mark.server
 
@@ -57,3 +63,21 @@ def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model
     serving = {d.name: d.serving for d in load_descriptions(paths.MODEL_DESCRIPTIONS)}["efficientnet_lite0"]
     assert (restored["batchSize"], restored["maxBatchDelay"]) == (serving.batch_size,
                                                                   serving.max_batch_delay_ms)
+
+
+def test_echo_archives_answer_every_request_in_both_worker_modes(lab_server, model_store):
+    """The one-client reference of `lab policies`: a handler that does no work, registered in
+    TorchServe's usual worker mode and in its asynchronous one."""
+    client = lab_server.client()
+    for name in (ECHO, ECHO_ASYNC):
+        register(client, model_store, build_echo_archive(model_store, name), name,
+                 ServingSettings(batch_size=1, max_batch_delay_ms=0))
+        try:
+            url = f"{lab_server.inference_url}/predictions/{name}"
+            answers = concurrently([partial(requests.post, url, data=b"any body", timeout=30,
+                                            headers={"Content-Type": "application/octet-stream"})]
+                                   * 6, 6)
+            assert [(a.status_code, a.json()) for a in answers] == [(200, {"echo": True})] * 6
+        finally:
+            retire(client, name)
+        assert versions_of(client, name) == []

@@ -16,6 +16,7 @@ from torchserve_vision.lab.batch_model import (
     fit_batch_time,
     recommend,
 )
+from torchserve_vision.lab.batching_policies import as_text, goals
 from torchserve_vision.lab.loadgen import (
     LoadTarget,
     Result,
@@ -145,3 +146,28 @@ def test_load_generator_measures_an_instant_server_without_errors():
         assert capped.sent <= 52  # bounded by count (each client may finish its request in flight)
     finally:
         server.shutdown()
+
+
+def policy_row(rps: float, p50: float) -> dict[str, object]:
+    return {"throughput_rps": rps, "p50_ms": p50, "p99_ms": 2 * p50, "errors": {}}
+
+
+def test_policy_goals_take_the_one_client_reference_and_the_best_fixed_setting_per_load():
+    closed = {"echo": {1: policy_row(1000.0, 0.5)}, "echo_async": {1: policy_row(600.0, 1.5)},
+              "batch1": {1: policy_row(90.0, 10.0), 16: policy_row(180.0, 80.0)},
+              "frontend_d1": {1: policy_row(85.0, 11.0), 16: policy_row(300.0, 50.0)},
+              "continuous": {1: policy_row(88.0, 10.5), 16: policy_row(330.0, 45.0)},
+              "single_session": {1: policy_row(100.0, 9.0), 16: policy_row(100.0, 150.0)}}
+    found = goals(closed, batch1_ms=9.0)
+    assert found["one_client_reference_ms"] == 9.5
+    assert found["p50_over_reference_ms"] == {"batch1": 0.5, "frontend_d1": 1.5, "continuous": 1.0,
+                                              "single_session": -0.5}
+    # only TorchServe's own settings count as fixed settings: continuous may beat them
+    assert found["best_fixed"] == {1: "batch1", 16: "frontend_d1"}
+    assert found["share_of_best_fixed"]["continuous"][16] == 1.1
+    assert found["over_single_session"]["frontend_d1"][16] == 3.0
+    text = as_text({"settings": {}, "in_process_batch1_ms": 9.0, "closed_loop": closed,
+                    "open_loop": {"frontend_d1": {75.0: policy_row(75.0, 12.0)}}, "goals": found})
+    assert "| frontend_d1 | 16 clients | 300.0 | 50.0 | 100.0 |  |" in text
+    assert "| frontend_d1 | 75.0 req/s offered | 75.0 | 12.0 | 24.0 |  |" in text
+    assert "16 clients: best fixed setting frontend_d1" in text

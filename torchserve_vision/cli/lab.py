@@ -243,11 +243,17 @@ def add_compare(actions: argparse._SubParsersAction) -> None:
 
 def add_policies(actions: argparse._SubParsersAction) -> None:
     parser = subcommand(actions, "policies",
-                        "frontend vs continuous batching vs one shared session, at every load",
+                        "frontend batching settings vs continuous batching vs one shared "
+                        "session, at every load",
                         batching_policies.__doc__ or "",
                         [connection_flags(), model_store_flag(), json_flag()])
     model_flag(parser)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--delays", type=int, nargs="+",
+                        default=list(batching_policies.FRONTEND_DELAYS_MS),
+                        help="frontend max_batch_delay settings to compare, ms")
+    parser.add_argument("--open-loop", type=float, nargs="*", default=[],
+                        help="also Poisson arrivals at these fractions of the measured capacity")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per policy and load")
     image_size_flag(parser)
     parser.set_defaults(run=run_policies)
@@ -256,7 +262,7 @@ def add_policies(actions: argparse._SubParsersAction) -> None:
 def run_policies(args: argparse.Namespace) -> int:
     result = batching_policies.compare_policies(client_from(args), args.model_store, args.model,
                                                 benchmark_jpeg(args.image_size), args.clients,
-                                                args.duration)
+                                                args.duration, args.delays, args.open_loop)
     result["image"] = args.image_size
     print(json.dumps(result, indent=2) if args.json else batching_policies.as_text(result))
     return 0

@@ -1,0 +1,41 @@
+"""Echo archives: a handler that answers every request with a fixed small JSON body and does no
+work, in TorchServe's usual worker mode and in its asynchronous one. Served beside a model, they
+time what the server alone costs a request (the frontend, the socket to the worker, the worker's
+message handling), which is the floor under any handler's latency on that server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ECHO, ECHO_ASYNC = "echo", "echo_async"
+
+SOURCES = {
+    ECHO: ("class Echo:\n"
+           "    def initialize(self, context):\n"
+           "        self.initialized = True\n\n"
+           "    def handle(self, data, context):\n"
+           "        return [b'{\"echo\": true}' for _ in data]\n", "batchSize: 1\n"),
+    ECHO_ASYNC: ("async def handle(data, context):\n"
+                 "    return [b'{\"echo\": true}' for _ in data]\n",
+                 "batchSize: 1\nasyncCommunication: true\n"),
+}
+
+
+def build_echo_archive(store: Path, name: str) -> str:
+    """`<name>.mar` in `store` (built once): ECHO or ECHO_ASYNC."""
+    archive = f"{name}.mar"
+    if (store / archive).is_file():
+        return archive
+    handler_source, model_yaml = SOURCES[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        handler, config = Path(tmp) / f"{name}_handler.py", Path(tmp) / "model-config.yaml"
+        handler.write_text(handler_source, encoding="utf-8")
+        config.write_text(model_yaml, encoding="utf-8")
+        archiver = Path(sys.executable).with_name("torch-model-archiver")
+        subprocess.run([str(archiver), "--model-name", name, "--version", "1.0",
+                        "--handler", str(handler), "--config-file", str(config),
+                        "--export-path", str(store), "--force"], check=True, capture_output=True)
+    return archive

@@ -31,3 +31,8 @@ class ClientError(Exception):
         """The response body, shaped like TorchServe's own error bodies."""
         body = {"code": self.status, "type": self.error_type, "message": self.message}
         return json.dumps(body).encode("utf-8")
+
+    def of_image(self, index: int) -> ClientError:
+        """This error for image `index` of a request that carries several: same status and
+        type, the message naming the image."""
+        return ClientError(self.status, self.error_type, f"image {index}: {self.message}")

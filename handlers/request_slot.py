@@ -1,9 +1,9 @@
 """One request of a batch, as one object: what it asked, what it became, how it was answered.
 
 `handle` (handlers.serving) makes one `RequestSlot` per request and runs stages over the slots:
-the protocol reads the row, the handler parses it once into a `ParsedRequest` (image bytes and
-a frozen options dataclass of its kind), the cache may answer it, the handler decodes it into a
-`DecodedImage` and the model answers it. A slot is settled exactly once: an answer or a
+the protocol reads the row, the handler parses it once into a `ParsedRequest` (its encoded
+images and a frozen options dataclass of its kind), the cache may answer it, the handler decodes
+it into `DecodedImage`s and the model answers them. A slot is settled exactly once: an answer or a
 ClientError; nothing is tracked by position in parallel lists.
 """
 
@@ -24,10 +24,13 @@ HeaderReader = Callable[[str], "str | None"]
 
 @dataclass(frozen=True)
 class ParsedRequest(Generic[Options]):
-    """A request's encoded image and its options (one frozen dataclass per model kind)."""
+    """A request's encoded images and its options (one frozen dataclass per model kind).
+    `several`: it asked for several images (KServe v1 `instances`, a v2 input of shape [n]), so
+    its answer is a list, one entry per image, even when it sent one."""
 
-    image_bytes: bytes
+    images: tuple[bytes, ...]
     options: Options
+    several: bool = False
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,9 @@ class RequestSlot:
     """One request of a batch through every stage. `context` is the TorchServe context its
     answer goes to, at `index` (in continuous batching, each request has its own context; see
     handlers.continuous_batching). `row` is what TorchServe handed over (a v2 request's row once
-    the protocol has read it); `v2` is set for an Open Inference Protocol request; `cache_keys`
-    are the exact key and, in near-duplicate mode, the perceptual one."""
+    the protocol has read it); `v2` is set for an Open Inference Protocol request; `decoded`
+    holds one DecodedImage per image; `cache_keys` are the exact key and, in near-duplicate
+    mode, the perceptual one (single-image requests only)."""
 
     index: int
     row: Mapping[str, Any]
@@ -53,7 +57,7 @@ class RequestSlot:
     context: Any = None         # a handlers.torchserve_context.TorchServeContext
     v2: V2Request | None = None
     parsed: ParsedRequest[Any] | None = None
-    decoded: Any = None
+    decoded: list[Any] = field(default_factory=list)
     cache_status: str | None = None
     cache_keys: list[str] = field(default_factory=list)
     answer: Any = None

@@ -43,7 +43,7 @@ from handlers.model.settings import (
 from handlers.request.decode import decode_image_bytes
 from handlers.request.inference_protocol import TensorOutput
 from handlers.request.protocol_stage import ProtocolStage
-from handlers.request.request_body import extract_image_bytes
+from handlers.request.request_body import extract_images
 from handlers.request_slot import DecodedImage, HeaderReader, ParsedRequest, RequestSlot, open_slots
 from handlers.torchserve_context import (
     BATCH_SIZE_HEADER,
@@ -196,11 +196,11 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             self.cache.look_up_near_duplicates(slots, self.near_duplicate_image, record)
         computed = open_slots(slots)
         if computed:
-            with torch.inference_mode():
-                answers = self.answer_items([slot.decoded for slot in computed], record)
-            for slot, answer in zip(computed, answers, strict=True):
-                slot.answer_with(answer)
-            self.record_answers(record, answers)
+            answers = self.answer_in_chunks([item for slot in computed for item in slot.decoded],
+                                            record)
+            for slot in computed:
+                own, answers = answers[:len(slot.decoded)], answers[len(slot.decoded):]
+                slot.answer_with(own if slot.parsed is not None and slot.parsed.several else own[0])
         if self.cache is not None:
             self.cache.store(computed, record)
         self.finish_record(record, slots)
@@ -215,11 +215,29 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                 slot.refuse(error)
 
     def decode_slot(self, slot: RequestSlot) -> None:
-        assert slot.parsed is not None
-        try:
-            slot.decoded = self.decode(slot.parsed)
-        except ClientError as error:
-            slot.refuse(error)
+        """Every image of an open, parsed request; a bad image refuses the request (naming the
+        image when it sent several)."""
+        parsed = slot.parsed
+        assert parsed is not None
+        for index, image_bytes in enumerate(parsed.images):
+            try:
+                slot.decoded.append(self.decode(image_bytes, parsed.options))
+            except ClientError as error:
+                slot.decoded.clear()
+                slot.refuse(error.of_image(index) if parsed.several else error)
+                return
+
+    def answer_in_chunks(self, items: Sequence[DecodedImage[Options]],
+                         record: BatchRecord) -> list[Any]:
+        """`answer_items` over the images of the open requests, at most `max_batch_size` at a time
+        (what the compiled package and warm-up cover): a request with several images adds them
+        all to the batch."""
+        answers: list[Any] = []
+        with torch.inference_mode():
+            for start in range(0, len(items), self.max_batch_size):
+                answers += self.answer_items(items[start:start + self.max_batch_size], record)
+        self.record_answers(record, answers)
+        return answers
 
     def finish_record(self, record: BatchRecord, slots: Sequence[RequestSlot]) -> None:
         record.answered = sum(slot.error is None for slot in slots)
@@ -248,7 +266,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                 raise
         else:
             if len(answers) != len(items):
-                raise ValueError(f"{len(answers)} answers for {len(items)} decoded requests")
+                raise ValueError(f"{len(answers)} answers for {len(items)} images")
             return answers
         # Retried outside the except block, so the failed attempt's tensors are already freed.
         if self.device.type == "cuda":
@@ -268,7 +286,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             context.set_response_header(index, CACHE_HEADER, slot.cache_status)
         if slot.error is not None:
             context.set_response_status(slot.error.status, slot.error.phrase, index)
-        else:
+        elif slot.parsed is None or not slot.parsed.several:
             for name, value in self.answer_headers(slot.answer).items():
                 context.set_response_header(index, name, value)
         return protocol.body(slot)
@@ -313,16 +331,18 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         """One request's answer (as `postprocess` gave it) as Open Inference Protocol tensors."""
 
     def parse_request(self, row: Mapping[str, Any], header: HeaderReader) -> ParsedRequest[Options]:
-        """One request's image bytes and options (parsed once: they key the cache and drive
-        decoding); ClientError(400) when either is malformed."""
-        return ParsedRequest(extract_image_bytes(row, self.option_fields),
-                             self.parse_options(row, header))
+        """One request's encoded images and options (parsed once: they key the cache and drive
+        decoding); ClientError when either is malformed, 413 for more images than
+        `limits.max_images_per_request`."""
+        images, several = extract_images(row, self.option_fields,
+                                         self.settings.limits.max_images_per_request)
+        return ParsedRequest(tuple(images), self.parse_options(row, header), several)
 
-    def decode(self, parsed: ParsedRequest[Options]) -> DecodedImage[Options]:
-        """A parsed request's image decoded onto the device (ClientError for a bad image)."""
-        image = decode_image_bytes(parsed.image_bytes, self.settings.limits, self.device,
+    def decode(self, image_bytes: bytes, options: Options) -> DecodedImage[Options]:
+        """One encoded image of a request decoded onto the device (ClientError for a bad one)."""
+        image = decode_image_bytes(image_bytes, self.settings.limits, self.device,
                                    self.jpeg_draft_size)
-        return DecodedImage(image, parsed.options)
+        return DecodedImage(image, options)
 
     def record_answers(self, record: BatchRecord, answers: Sequence[Any]) -> None:
         """Add this handler's own counters / gauges for the batch's answers to `record`

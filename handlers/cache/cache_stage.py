@@ -46,14 +46,14 @@ class CacheStage:
         with record.timing("cache"):
             keyed: list[RequestSlot] = []
             for slot in slots:
-                if not slot.is_open or slot.parsed is None:
-                    continue
+                if not slot.is_open or slot.parsed is None or slot.parsed.several:
+                    continue   # several images in one request are not cached
                 if bypasses_cache(slot.header):
                     slot.cache_status = CACHE_BYPASS
                     continue
                 slot.cache_status = CACHE_MISS
                 slot.cache_keys.append(cache_key(self.namespace, canonical_text(slot.parsed.options),
-                                                 slot.parsed.image_bytes))
+                                                 slot.parsed.images[0]))
                 keyed.append(slot)
             hits = self.answer_found(keyed, CACHE_HIT)
         record.counters["CacheBypasses"] = sum(slot.cache_status == CACHE_BYPASS for slot in slots)
@@ -63,13 +63,13 @@ class CacheStage:
                                 image_of: Callable[[Any], torch.Tensor | None],
                                 record: BatchRecord) -> None:
         """In near-duplicate mode: a second key per decoded, keyed request (the perceptual hash of
-        `image_of(slot.decoded)`, see handlers.cache.perceptual_hash); hits are answered."""
+        `image_of(slot.decoded[0])`, see handlers.cache.perceptual_hash); hits are answered."""
         if not self.cache.near_duplicates:
             return
         with record.timing("cache"):
             keyed: list[RequestSlot] = []
             for slot in slots:
-                image = image_of(slot.decoded) if slot.is_open and slot.cache_keys else None
+                image = image_of(slot.decoded[0]) if slot.is_open and slot.cache_keys else None
                 if image is not None and slot.parsed is not None:
                     options = canonical_text(slot.parsed.options) + "|phash"
                     slot.cache_keys.append(cache_key(self.namespace, options, perceptual_hash(image)))

@@ -24,6 +24,7 @@ DEFAULT_COMPILED_LOAD_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 6_553_500
 DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_MAX_FRAMES = 100
+DEFAULT_MAX_IMAGES_PER_REQUEST = 16
 
 
 class SettingsError(ValueError):
@@ -33,12 +34,15 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class ImageLimits:
     """Limits checked per request, all before any pixel is decoded. Only the first frame of an
-    animated image is decoded; `max_frames` bounds how many frames it may declare."""
+    animated image is decoded; `max_frames` bounds how many frames it may declare.
+    `max_images_per_request` bounds a request that carries several images (KServe v1
+    `instances`, a v2 input of shape [n]); more is a 413 for that request."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_pixels: int = DEFAULT_MAX_PIXELS
     min_side_px: int = 1
     max_frames: int = DEFAULT_MAX_FRAMES
+    max_images_per_request: int = DEFAULT_MAX_IMAGES_PER_REQUEST
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,10 @@ def parse_limits(section: Mapping[str, Any]) -> ImageLimits:
             section.get("min_side_px", defaults.min_side_px), "limits.min_side_px"
         ),
         max_frames=_positive_int(section.get("max_frames", defaults.max_frames), "limits.max_frames"),
+        max_images_per_request=_positive_int(
+            section.get("max_images_per_request", defaults.max_images_per_request),
+            "limits.max_images_per_request",
+        ),
     )
 
 

@@ -16,12 +16,17 @@ the encoded image) or `UINT8` of shape [n] in binary (the n bytes of one encoded
 convention of Triton's DALI pipelines). `binary_data_output` is not honoured: outputs are small
 (classes, probabilities, boxes) and always come as JSON, which `InferResult.as_numpy` reads.
 
-One image per request (shape [1]); request `parameters` are the request's options, as the JSON
-fields of a `/predictions` request (`top_k` for a classifier; `score_threshold`,
-`iou_threshold`, `max_detections`, `classes` for a detector). The answer:
+A BYTES input of shape [n] carries n images (any mix of sizes and formats); they join the
+model's batch with other requests' images, and the answer's outputs lead with the same dimension
+n, as Triton's are for a model that batches (shape [1]: outputs [1, k]). Outputs whose shapes
+differ from image to image (a detector's boxes) are padded to the largest (BYTES "", numbers 0,
+ids -1) and come with `<name>_shapes` (INT64 [n, rank]): each image's own shape. A UINT8 input
+is one encoded image and is answered without that dimension. Request `parameters` are the
+request's options, as the JSON fields of a `/predictions` request (`top_k` for a classifier;
+`score_threshold`, `iou_threshold`, `max_detections`, `classes` for a detector). The answer:
 
     {"model_name": ..., "model_version": ..., "id": "42",
-     "outputs": [{"name": "labels", "shape": [3], "datatype": "BYTES", "data": [...]}, ...]}
+     "outputs": [{"name": "labels", "shape": [1, 3], "datatype": "BYTES", "data": [...]}, ...]}
 
 and a refused request gets its own 4xx with `{"error": "<message>"}`.
 """
@@ -58,21 +63,35 @@ def _invalid(message: str) -> ClientError:
     return ClientError(400, "InvalidInferenceRequest", message)
 
 
-def _single_image(inputs: object) -> str:
+def _image_tensor(inputs: object) -> Mapping[str, Any]:
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], Mapping):
-        raise _invalid("'inputs' must be a list of one input tensor (the image)")
-    tensor = inputs[0]
-    if tensor.get("datatype") != "BYTES":
-        raise _invalid(f"input datatype must be BYTES (a base64 image), got {tensor.get('datatype')!r}")
+        raise _invalid("'inputs' must be a list of one input tensor (the images)")
+    return inputs[0]
+
+
+def _image_count(tensor: Mapping[str, Any]) -> int:
     shape = tensor.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(n, int) for n in shape) or math.prod(shape) != 1:
-        raise _invalid(f"input shape must hold one element ([1]): one image per request, got {shape!r}")
-    data = tensor.get("data")
-    while isinstance(data, list) and len(data) == 1:
-        data = data[0]
-    if not isinstance(data, str):
-        raise _invalid("input data must be one base64 string")
-    return data
+    if (not isinstance(shape, list) or not shape
+            or not all(isinstance(n, int) and n >= 1 for n in shape) or math.prod(shape) != shape[0]):
+        raise _invalid(f"input shape must be [n] (n images), got {shape!r}")
+    return shape[0]
+
+
+def _flattened(data: object) -> list[object]:
+    if isinstance(data, list):
+        return [element for item in data for element in _flattened(item)]
+    return [data]
+
+
+def _json_images(inputs: object) -> list[str]:
+    tensor = _image_tensor(inputs)
+    if tensor.get("datatype") != "BYTES":
+        raise _invalid(f"input datatype must be BYTES (base64 images), got {tensor.get('datatype')!r}")
+    count = _image_count(tensor)
+    data = _flattened(tensor.get("data"))
+    if len(data) != count or not all(isinstance(element, str) for element in data):
+        raise _invalid(f"input data must be {count} base64 string(s), as its shape says")
+    return [str(element) for element in data]
 
 
 def request_fields(body: Mapping[str, Any]) -> tuple[V2Request, dict[str, Any]]:
@@ -90,10 +109,11 @@ def request_fields(body: Mapping[str, Any]) -> tuple[V2Request, dict[str, Any]]:
 
 
 def v2_to_row(body: Mapping[str, Any]) -> tuple[dict[str, Any], V2Request]:
-    """A v2 request -> the row a `/predictions` JSON request of the same content would be
-    (`{"body": {"data": <base64>, **parameters}}`) and what the answer needs; ClientError(400)."""
+    """A v2 request -> the row a JSON request of the same content would be
+    (`{"body": {"instances": [<base64>, ...], **parameters}}`) and what the answer needs;
+    ClientError(400)."""
     request, options = request_fields(body)
-    return {"body": {**options, "data": _single_image(body.get("inputs"))}}, request
+    return {"body": {**options, "instances": _json_images(body.get("inputs"))}}, request
 
 
 def v2_json_in_bytes(body: bytes) -> Mapping[str, Any] | None:
@@ -108,8 +128,9 @@ def v2_json_in_bytes(body: bytes) -> Mapping[str, Any] | None:
 
 
 def binary_v2_to_row(body: bytes, json_length: str) -> tuple[dict[str, Any], V2Request]:
-    """A request in the binary tensor extension -> the row a multipart `/predictions` request of
-    the same content would be (`{"data": <image bytes>, **options}`); ClientError(400)."""
+    """A request in the binary tensor extension -> the row a multipart request of the same
+    content would be (`{"instances": [<image bytes>, ...], **options}`, or `{"data": <image
+    bytes>, **options}` for a UINT8 input); ClientError(400)."""
     try:
         length = int(json_length)
         parsed = json.loads(body[:length])
@@ -119,13 +140,8 @@ def binary_v2_to_row(body: bytes, json_length: str) -> tuple[dict[str, Any], V2R
     if not is_v2_request(parsed):
         raise _invalid("the JSON part must be an inference request with 'inputs'")
     request, options = request_fields(parsed)
-    inputs = parsed["inputs"]
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], Mapping):
-        raise _invalid("'inputs' must be a list of one input tensor (the image)")
-    return {**options, "data": _binary_image(inputs[0], body[length:])}, request
-
-
-def _binary_image(tensor: Mapping[str, Any], data: bytes) -> bytes:
+    tensor = _image_tensor(parsed["inputs"])
+    data = body[length:]
     size = (tensor.get("parameters") or {}).get("binary_data_size")
     if not isinstance(size, int) or size != len(data):
         raise _invalid(f"the input's binary_data_size ({size!r}) must be the {len(data)} bytes "
@@ -134,15 +150,24 @@ def _binary_image(tensor: Mapping[str, Any], data: bytes) -> bytes:
     if datatype == "UINT8":
         if shape != [size]:
             raise _invalid(f"a UINT8 input holds one encoded image: shape [{size}], got {shape!r}")
-        return data
+        return {**options, "data": data}, request
     if datatype != "BYTES":
-        raise _invalid(f"input datatype must be BYTES or UINT8 (an encoded image), got {datatype!r}")
-    if not isinstance(shape, list) or math.prod(shape) != 1:
-        raise _invalid(f"input shape must hold one element ([1]): one image per request, got {shape!r}")
-    element = int.from_bytes(data[:4], "little")
-    if len(data) < 4 or element != len(data) - 4:
-        raise _invalid("a BYTES element is a 4-byte little-endian length and that many bytes")
-    return data[4:]
+        raise _invalid(f"input datatype must be BYTES or UINT8 (encoded images), got {datatype!r}")
+    return {**options, "instances": _bytes_elements(data, _image_count(tensor))}, request
+
+
+def _bytes_elements(data: bytes, count: int) -> list[bytes]:
+    """`count` BYTES elements, each a 4-byte little-endian length and that many bytes."""
+    elements, at = [], 0
+    for _ in range(count):
+        length = int.from_bytes(data[at:at + 4], "little") if at + 4 <= len(data) else -1
+        if length < 0 or at + 4 + length > len(data):
+            raise _invalid("a BYTES element is a 4-byte little-endian length and that many bytes")
+        elements.append(data[at + 4:at + 4 + length])
+        at += 4 + length
+    if at != len(data):
+        raise _invalid(f"{len(data) - at} bytes after the {count} BYTES element(s) the shape says")
+    return elements
 
 
 def tensor(name: str, datatype: str, shape: Sequence[int], data: Sequence[Any]) -> TensorOutput:
@@ -156,6 +181,41 @@ def v2_response(model_name: str, model_version: str, request: V2Request,
         response["id"] = request.id
     response["outputs"] = list(outputs)
     return response
+
+
+PADDING: dict[str, Any] = {"BYTES": "", "BOOL": False, "INT64": -1, "INT32": -1}
+
+
+def stacked_outputs(per_image: Sequence[Sequence[TensorOutput]]) -> list[TensorOutput]:
+    """The outputs of n images (each image's list, same names in the same order) as tensors
+    that lead with n. Where an output's shape differs from image to image it is padded to the
+    largest (PADDING; 0 for other types) and `<name>_shapes` (INT64 [n, rank]) follows it."""
+    stacked: list[TensorOutput] = []
+    for outputs in zip(*per_image, strict=True):
+        first = outputs[0]
+        shapes = [tuple(output["shape"]) for output in outputs]
+        if len(set(shapes)) == 1:
+            data = [value for output in outputs for value in output["data"]]
+            stacked.append(tensor(first["name"], first["datatype"], [len(outputs), *shapes[0]], data))
+            continue
+        largest = [max(sizes) for sizes in zip(*shapes, strict=True)]
+        pad = PADDING.get(first["datatype"], 0)
+        data = [value for output, shape in zip(outputs, shapes, strict=True)
+                for value in _padded(list(output["data"]), list(shape), largest, pad)]
+        stacked.append(tensor(first["name"], first["datatype"], [len(outputs), *largest], data))
+        stacked.append(tensor(f"{first['name']}_shapes", "INT64", [len(outputs), len(largest)],
+                              [size for shape in shapes for size in shape]))
+    return stacked
+
+
+def _padded(data: list[Any], shape: list[int], largest: list[int], pad: Any) -> list[Any]:
+    """Row-major `data` of `shape` padded to `largest` (same rank)."""
+    if len(shape) <= 1:
+        return data + [pad] * ((largest[0] if largest else 0) - len(data))
+    row = math.prod(shape[1:])
+    rows = [_padded(data[i * row:(i + 1) * row], shape[1:], largest[1:], pad) for i in range(shape[0])]
+    blank = [pad] * math.prod(largest[1:])
+    return [value for part in rows + [blank] * (largest[0] - shape[0]) for value in part]
 
 
 def v2_error(error: ClientError) -> dict[str, str]:

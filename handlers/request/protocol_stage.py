@@ -1,7 +1,9 @@
 """The request protocols as a stage of `handle`: TorchServe's own `/predictions` form and the
 Open Inference Protocol (KServe v2). `read` turns a v2 request into the row a `/predictions`
 request of the same content would be; `body` writes a settled request's answer or error in the
-form it was asked in (see handlers.request.inference_protocol for the v2 wire format)."""
+form it was asked in (see handlers.request.inference_protocol for the v2 wire format). A
+request with several images (`instances`) is answered `{"predictions": [one answer per image]}`,
+as KServe v1 answers; in v2, with outputs that lead with the number of images."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from handlers.request.inference_protocol import (
     V2Request,
     binary_v2_to_row,
     is_v2_request,
+    stacked_outputs,
     v2_error,
     v2_json_in_bytes,
     v2_response,
@@ -60,7 +63,10 @@ class ProtocolStage:
             if slot.v2 is None:
                 return slot.error.to_json_bytes()
             return json.dumps(v2_error(slot.error)).encode("utf-8")
+        several = slot.parsed is not None and slot.parsed.several
         if slot.v2 is None:
-            return json.dumps(slot.answer).encode("utf-8")
+            return json.dumps({"predictions": slot.answer} if several else slot.answer).encode("utf-8")
+        outputs = (stacked_outputs([self.outputs(answer) for answer in slot.answer]) if several
+                   else self.outputs(slot.answer))
         return json.dumps(v2_response(self.model_name, self.model_version, slot.v2,
-                                      self.outputs(slot.answer))).encode("utf-8")
+                                      outputs)).encode("utf-8")

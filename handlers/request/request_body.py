@@ -4,6 +4,10 @@ TorchServe 0.12 gives one dict per request:
 - raw body (`curl -T img.jpg`, `--data-binary` with an image content type): `{"body": bytearray}`;
 - `application/json`: already parsed, `{"body": {"data": "<base64>"}}`;
 - multipart form: one key per form field, named as the client named it (`-F data=@img.jpg`).
+
+Several images in one request come as `instances` (KServe v1, `POST /v1/models/{m}:predict`):
+`{"instances": [{"data": "<base64>"}, "<base64>", ...]}`; the protocol stage also hands a v2
+input of shape [n] over in this form (its binary elements as bytes).
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ def _json_image_bytes(payload: object) -> bytes:
             "InvalidJson",
             'a JSON body must be an object {"data": "<base64-encoded image>"}',
         )
-    text = payload["data"]
+    return _base64_image(payload["data"])
+
+
+def _base64_image(text: str) -> bytes:
     if text.startswith("data:") and "," in text:  # a data: URL, as browsers produce
         text = text.split(",", 1)[1]
     try:
@@ -79,3 +86,42 @@ def extract_image_bytes(row: Mapping[str, object], other_fields: Collection[str]
     if not data:
         raise ClientError(400, "EmptyBody", "the request body is empty")
     return data
+
+
+def _instance_image(instance: object) -> bytes:
+    if isinstance(instance, (bytes, bytearray)):
+        data = bytes(instance)
+    elif isinstance(instance, str):
+        data = _base64_image(instance)
+    elif isinstance(instance, Mapping) and isinstance(instance.get("data"), str):
+        data = _base64_image(instance["data"])
+    else:
+        raise ClientError(400, "InvalidInstances",
+                          'an instance must be {"data": "<base64-encoded image>"} or a base64 string')
+    if not data:
+        raise ClientError(400, "EmptyBody", "the image is empty")
+    return data
+
+
+def extract_images(row: Mapping[str, object], other_fields: Collection[str] = (),
+                   max_images: int | None = None) -> tuple[list[bytes], bool]:
+    """The encoded images of one request and whether it asked for several (`instances`: its
+    answer is then a list, one entry per image, even for one). ClientError: 400 for a malformed
+    request or image (naming the instance), 413 for more than `max_images`."""
+    body = row.get("body")
+    fields = body if isinstance(body, Mapping) else row
+    instances = fields.get("instances") if isinstance(fields, Mapping) else None
+    if instances is None:
+        return [extract_image_bytes(row, other_fields)], False
+    if not isinstance(instances, list) or not instances:
+        raise ClientError(400, "InvalidInstances", "'instances' must be a non-empty list of images")
+    if max_images is not None and len(instances) > max_images:
+        raise ClientError(413, "TooManyImages", f"{len(instances)} images in one request; this "
+                          f"model takes at most {max_images}")
+    images = []
+    for index, instance in enumerate(instances):
+        try:
+            images.append(_instance_image(instance))
+        except ClientError as error:
+            raise error.of_image(index) from None
+    return images, True

@@ -55,7 +55,7 @@ def test_a_v2_request_gets_a_v2_answer_with_its_id_and_top_k(server):
     assert reply.body["id"] == "request-7"
     tensors = outputs(reply)
     assert set(tensors) == {"labels", "probabilities", "class_ids"}
-    assert tensors["labels"]["datatype"] == "BYTES" and tensors["labels"]["shape"] == [3]
+    assert tensors["labels"]["datatype"] == "BYTES" and tensors["labels"]["shape"] == [1, 3]
     assert tensors["probabilities"]["datatype"] == "FP32" and tensors["class_ids"]["datatype"] == "INT64"
     assert tensors["labels"]["data"][0] in CAT_LABELS
     probabilities = tensors["probabilities"]["data"]
@@ -90,9 +90,10 @@ def test_v2_and_predictions_requests_share_batches_and_each_gets_its_own_answer(
 @pytest.mark.parametrize("body, message", [
     ({"inputs": []}, "list of one input"),
     ({"inputs": [{"name": "image", "shape": [1], "datatype": "FP32", "data": [1.0]}]}, "BYTES"),
-    ({"inputs": [{"name": "image", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]},
-     "one image per request"),
-    ({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["%%%"]}]}, "base64"),
+    ({"inputs": [{"name": "image", "shape": [2], "datatype": "BYTES", "data": ["aGk="]}]},
+     "2 base64 string(s)"),
+    ({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["%%%"]}]},
+     "image 0: 'data' is not valid base64"),
     ({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
                   "data": [base64.b64encode(b"not an image").decode()]}]}, "image"),
     ({**v2_body("coffee.png"), "parameters": {"top_k": 0}}, "top_k"),
@@ -118,7 +119,7 @@ def test_the_detector_answers_v2_with_the_same_detections_and_options(server):
         tensors = outputs(reply)
         n = len(plain)
         assert 0 < n <= 5
-        assert tensors["boxes"]["shape"] == [n, 4] and tensors["scores"]["shape"] == [n]
+        assert tensors["boxes"]["shape"] == [1, n, 4] and tensors["scores"]["shape"] == [1, n]
         assert tensors["labels"]["data"] == [d["label"] for d in plain]
         assert tensors["class_ids"]["data"] == [d["index"] for d in plain]
         assert tensors["scores"]["data"] == pytest.approx([d["score"] for d in plain], abs=1e-5)

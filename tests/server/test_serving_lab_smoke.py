@@ -41,6 +41,11 @@ def test_load_generator_closed_and_open_loop(lab_server, capsys):
     opened = json.loads(capsys.readouterr().out)
     assert opened["offered_rps"] == 10 and opened["errors"] == {} and opened["sent"] > 5
     assert 0 < opened["latency_ms"]["p50"] <= opened["latency_ms"]["p99"] <= opened["latency_ms"]["max"]
+    assert command(["lab", "load", "--inference-url", lab_server.inference_url, "--clients", "2",
+                    "--duration", "2", "--images-per-request", "4", "--json"]) == 0
+    several = json.loads(capsys.readouterr().out)
+    assert several["succeeded"] == several["sent"] > 0 and several["errors"] == {}
+    assert several["extra"]["images_per_s"] == 4 * several["throughput_rps"]
 
 
 def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model_store,

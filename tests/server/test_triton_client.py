@@ -35,7 +35,13 @@ def image_input(image: bytes, datatype: str = "BYTES", binary: bool = True) -> t
     return tensor
 
 
-def labels(result: triton.InferResult) -> list[str]:
+def labels(result: triton.InferResult) -> list[list[str]]:
+    """Per image, its labels (the outputs lead with the number of images)."""
+    return [[value.decode() if isinstance(value, bytes) else str(value) for value in row]
+            for row in result.as_numpy("labels").tolist()]
+
+
+def labels_of_one(result: triton.InferResult) -> list[str]:
     return [value.decode() if isinstance(value, bytes) else str(value)
             for value in result.as_numpy("labels").tolist()]
 
@@ -45,17 +51,20 @@ def labels(result: triton.InferResult) -> list[str]:
 def test_tritonclient_classifies_a_photo_in_each_encoding(server, datatype, binary):
     result = client_of(server).infer(CLASSIFIER, [image_input(photo_bytes("chelsea.png"), datatype, binary)],
                                      request_id="r1", parameters={"top_k": 3})
-    found = labels(result)
+    # a UINT8 input is one encoded image, answered without the leading number of images
+    found = labels(result)[0] if datatype == "BYTES" else labels_of_one(result)
     assert len(found) == 3 and found[0] in CAT_LABELS
     probabilities = result.as_numpy("probabilities")
-    assert probabilities.shape == (3,) and probabilities[0] >= probabilities[1] >= probabilities[2]
+    assert probabilities.shape == ((1, 3) if datatype == "BYTES" else (3,))
+    probabilities = probabilities.reshape(-1)
+    assert probabilities[0] >= probabilities[1] >= probabilities[2]
     assert result.get_response()["id"] == "r1"
 
 
 def test_tritonclient_reaches_the_detector(server):
     result = client_of(server).infer(DETECTOR, [image_input(photo_bytes("astronaut.png"))],
                                      parameters={"max_detections": 4, "score_threshold": 0.0})
-    assert result.as_numpy("boxes").shape == (4, 4) and len(result.as_numpy("scores")) == 4
+    assert result.as_numpy("boxes").shape == (1, 4, 4) and result.as_numpy("scores").shape == (1, 4)
 
 
 def test_a_refused_image_is_the_clients_error_with_the_servers_message(server):

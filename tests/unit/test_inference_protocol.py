@@ -14,11 +14,14 @@ from handlers.request.inference_protocol import (
     classification_outputs,
     detection_outputs,
     is_v2_request,
+    stacked_outputs,
+    tensor,
     v2_error,
     v2_json_in_bytes,
     v2_response,
     v2_to_row,
 )
+from handlers.request.request_body import extract_images
 
 
 def image_input(data: object = "aGVsbG8=", shape: object = (1,), datatype: str = "BYTES") -> dict:
@@ -28,10 +31,12 @@ def image_input(data: object = "aGVsbG8=", shape: object = (1,), datatype: str =
 
 def test_a_v2_request_becomes_the_row_of_the_equivalent_json_request():
     row, request = v2_to_row({"id": "a1", "parameters": {"top_k": 2}, "inputs": [image_input()]})
-    assert row == {"body": {"top_k": 2, "data": "aGVsbG8="}}
+    assert row == {"body": {"top_k": 2, "instances": ["aGVsbG8="]}}
     assert request == V2Request("a1")
     nested, _ = v2_to_row({"inputs": [image_input([["aGVsbG8="]], shape=[1, 1])]})
-    assert nested["body"]["data"] == "aGVsbG8="
+    assert nested["body"]["instances"] == ["aGVsbG8="]
+    several, _ = v2_to_row({"inputs": [image_input(["aGk=", "aGVsbG8=", "eW8="], shape=[3])]})
+    assert extract_images(several) == ([b"hi", b"hello", b"yo"], True)
 
 
 def test_only_bodies_with_inputs_are_v2_requests():
@@ -44,7 +49,9 @@ def test_only_bodies_with_inputs_are_v2_requests():
     {"inputs": "x"},
     {"inputs": [image_input(), image_input()]},
     {"inputs": [image_input(datatype="UINT8")]},
-    {"inputs": [image_input(["a", "b"], shape=[2])]},
+    {"inputs": [image_input(["aGk="], shape=[2])]},
+    {"inputs": [image_input(["aGk=", "aGk="], shape=[2, 2])]},
+    {"inputs": [image_input(shape=[0])]},
     {"inputs": [image_input(shape="1")]},
     {"inputs": [image_input(data=[1])]},
     {"inputs": [image_input()], "id": 3},
@@ -99,11 +106,55 @@ def binary_request(image: bytes, datatype: str = "BYTES", **parameters: object) 
     return header + data, str(len(header))
 
 
-@pytest.mark.parametrize("datatype", ["BYTES", "UINT8"])
-def test_the_binary_tensor_extension_gives_the_image_bytes_and_the_options(datatype):
-    body, length = binary_request(b"\x89PNG image bytes", datatype, top_k=2)
+def test_the_binary_tensor_extension_gives_the_image_bytes_and_the_options():
+    body, length = binary_request(b"\x89PNG image bytes", "UINT8", top_k=2)
+    assert binary_v2_to_row(body, length) == ({"top_k": 2, "data": b"\x89PNG image bytes"},
+                                              V2Request("9"))
+    body, length = binary_request(b"\x89PNG image bytes", "BYTES", top_k=2)
     row, request = binary_v2_to_row(body, length)
-    assert row == {"top_k": 2, "data": b"\x89PNG image bytes"} and request == V2Request("9")
+    assert row == {"top_k": 2, "instances": [b"\x89PNG image bytes"]} and request == V2Request("9")
+    assert extract_images(row) == ([b"\x89PNG image bytes"], True)
+
+
+def test_a_binary_bytes_input_of_shape_n_gives_n_images():
+    images = [b"first", b"", b"third image"]
+    data = b"".join(len(image).to_bytes(4, "little") + image for image in images)
+    header = json.dumps({"inputs": [{"name": "image", "shape": [3], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(data)}}]}).encode()
+    row, _ = binary_v2_to_row(header + data, str(len(header)))
+    assert row == {"instances": images}
+    with pytest.raises(ClientError, match="image 1: the image is empty"):
+        extract_images(row)
+    with pytest.raises(ClientError) as raised:
+        extract_images({"instances": images}, max_images=2)
+    assert (raised.value.status, raised.value.error_type) == (413, "TooManyImages")
+
+
+def test_kserve_v1_instances_are_the_request_images_in_order():
+    row = {"body": {"instances": [{"data": "aGk="}, "eW8="], "top_k": 2}}
+    assert extract_images(row) == ([b"hi", b"yo"], True)
+    assert extract_images({"body": {"data": "aGk="}}) == ([b"hi"], False)
+    for bad, message in (([], "non-empty"), ("aGk=", "non-empty"), ([{"data": "%%"}], "image 0"),
+                         (["aGk=", {"image": "aGk="}], "image 1")):
+        with pytest.raises(ClientError, match=message) as raised:
+            extract_images({"body": {"instances": bad}})
+        assert raised.value.status == 400
+
+
+def test_outputs_of_several_images_lead_with_their_number_and_ragged_ones_are_padded():
+    first = [tensor("boxes", "FP32", [2, 4], [1, 2, 3, 4, 5, 6, 7, 8]),
+             tensor("labels", "BYTES", [2], ["dog", "cat"]), tensor("model", "BYTES", [1], ["a"])]
+    second = [tensor("boxes", "FP32", [1, 4], [9, 9, 9, 9]), tensor("labels", "BYTES", [1], ["cow"]),
+              tensor("model", "BYTES", [1], ["b"])]
+    stacked = {output["name"]: output for output in stacked_outputs([first, second])}
+    assert stacked["boxes"] == tensor("boxes", "FP32", [2, 2, 4],
+                                      [1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 0, 0, 0, 0])
+    assert stacked["boxes_shapes"] == tensor("boxes_shapes", "INT64", [2, 2], [2, 4, 1, 4])
+    assert stacked["labels"]["data"] == ["dog", "cat", "cow", ""]
+    assert stacked["model"] == tensor("model", "BYTES", [2, 1], ["a", "b"])   # same shapes: no padding
+    assert "model_shapes" not in stacked
+    assert [o["name"] for o in stacked_outputs([first])] == ["boxes", "labels", "model"]
+    assert stacked_outputs([first])[0]["shape"] == [1, 2, 4]
 
 
 @pytest.mark.parametrize("change", ["length", "size", "element", "shape", "datatype"])
@@ -117,7 +168,7 @@ def test_a_malformed_binary_request_is_a_400(change):
     elif change == "element":
         body = json_part + (99).to_bytes(4, "little") + data[4:]
     elif change == "shape":
-        body = body.replace(b'"shape": [1]', b'"shape": [2]')
+        body = body.replace(b'"shape": [1]', b'"shape": [2]')   # says 2 elements, holds 1
     else:
         body = body.replace(b'"BYTES"', b'"FP32" ')
         length = str(int(length) + 1)

@@ -26,6 +26,7 @@ class DigitHandler(BatchedImageHandler[int, list[int], list[int], Any]):
     def __init__(self, answers_dropped: int = 0) -> None:
         super().__init__()
         self.precision, self.answers_dropped, self.decoded = "fp32", answers_dropped, 0
+        self.max_batch_size = 8
 
     def parse_settings(self, handler_section: Mapping[str, Any]) -> Any:
         return None
@@ -37,7 +38,7 @@ class DigitHandler(BatchedImageHandler[int, list[int], list[int], Any]):
         text = bytes(row["body"]).decode()
         if text == "boom":
             raise RuntimeError("a bug")
-        return ParsedRequest(row["body"], self.parse_options(row, header))
+        return ParsedRequest((bytes(row["body"]),), self.parse_options(row, header))
 
     def parse_options(self, row: Mapping[str, Any], header: HeaderReader) -> int:
         text = bytes(row["body"]).decode()
@@ -45,9 +46,9 @@ class DigitHandler(BatchedImageHandler[int, list[int], list[int], Any]):
             raise ClientError(400, "NotADigit", f"{text!r} is not a digit")
         return int(text)
 
-    def decode(self, parsed: ParsedRequest[int]) -> DecodedImage[int]:
+    def decode(self, image_bytes: bytes, options: int) -> DecodedImage[int]:
         self.decoded += 1
-        return DecodedImage(None, parsed.options)  # type: ignore[arg-type]
+        return DecodedImage(None, options)  # type: ignore[arg-type]
 
     def preprocess(self, items: Sequence[DecodedImage[int]]) -> list[int]:
         return [item.options for item in items]
@@ -87,7 +88,7 @@ def test_a_server_fault_is_not_turned_into_a_client_error():
 
 
 def test_answers_must_cover_every_decoded_request():
-    with pytest.raises(ValueError, match="1 answers for 2"):
+    with pytest.raises(ValueError, match="1 answers for 2 images"):
         handle(DigitHandler(answers_dropped=1), ["1", "2"])
 
 

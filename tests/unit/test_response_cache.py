@@ -116,9 +116,9 @@ def cached_classifier(tiny_classifier, monkeypatch):
     decoded: list[int] = []
     original = tiny_classifier.decode
 
-    def counting(parsed):
+    def counting(image_bytes, options):
         decoded.append(1)
-        return original(parsed)
+        return original(image_bytes, options)
 
     monkeypatch.setattr(tiny_classifier, "decode", counting)
     return tiny_classifier, decoded

@@ -3,6 +3,7 @@ the sweep's operating point and outputs, the load generator against an instant l
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 
@@ -20,6 +21,7 @@ from torchserve_vision.lab.batching_policies import as_text, goals
 from torchserve_vision.lab.loadgen import (
     LoadTarget,
     Result,
+    instances_bodies,
     instant_server,
     latency_summary,
     poisson_schedule,
@@ -171,3 +173,10 @@ def test_policy_goals_take_the_one_client_reference_and_the_best_fixed_setting_p
     assert "| frontend_d1 | 16 clients | 300.0 | 50.0 | 100.0 |  |" in text
     assert "| frontend_d1 | 75.0 req/s offered | 75.0 | 12.0 | 24.0 |  |" in text
     assert "16 clients: best fixed setting frontend_d1" in text
+
+
+def test_instances_bodies_carry_that_many_images_each_and_every_image_leads_one():
+    bodies = [json.loads(body) for body in instances_bodies([b"a", b"b", b"c"], 4)]
+    firsts = [base64.b64decode(body["instances"][0]["data"]) for body in bodies]
+    assert firsts == [b"a", b"b", b"c"]
+    assert [base64.b64decode(item["data"]) for item in bodies[1]["instances"]] == [b"b", b"c", b"a", b"b"]

@@ -16,7 +16,9 @@ client counts (no coordinated omission). Runs are bounded by --duration and --ma
 
 from __future__ import annotations
 
+import base64
 import http.client
+import json
 import queue
 import socket
 import threading
@@ -142,6 +144,15 @@ class LoadTarget:
 
 
 Progress = Callable[[int], None]
+
+
+def instances_bodies(images: Sequence[bytes], per_request: int) -> list[bytes]:
+    """KServe v1 bodies of `per_request` images each (`{"instances": [{"data": <base64>}, ...]}`),
+    taking `images` in turn; as many bodies as images, so every image leads one body."""
+    encoded = [base64.b64encode(image).decode() for image in images]
+    return [json.dumps({"instances": [{"data": encoded[(start + i) % len(encoded)]}
+                                      for i in range(per_request)]}).encode()
+            for start in range(len(encoded))]
 
 
 def run_closed_loop(target: LoadTarget, clients: int, duration_s: float, max_requests: int,

@@ -85,7 +85,8 @@ def profile_archive(mar: Path, max_batch: int, repeats: int, image: bytes, image
         sizes = batch_sizes_up_to(max_batch)
         model_ms, handler_ms = [], []
         for size in sizes:
-            item = handler.decode(handler.parse_request({"body": bytearray(image)}, lambda _name: None))
+            parsed = handler.parse_request({"body": bytearray(image)}, lambda _name: None)
+            item = handler.decode(parsed.images[0], parsed.options)
             with torch.inference_mode():
                 model_input = handler.preprocess([item] * size)
                 model_ms.append(median_ms(partial(handler.infer, model_input), repeats, synchronize))

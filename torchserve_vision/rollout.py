@@ -158,6 +158,29 @@ def interrupts_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+UNREGISTER_ATTEMPTS = 5
+
+
+def unregister_retrying(client: TorchServeClient, model: str, version: str,
+                        interval_s: float = 1.0) -> None:
+    """Unregister, retrying a server error a few times: TorchServe 0.12 answers 500
+    (ConcurrentModificationException) now and then when a version is unregistered while a
+    worker of it is still loading; a second try a moment later goes through."""
+    failures: list[ManagementError] = []
+
+    def unregistered() -> bool:
+        try:
+            client.unregister(model, version)
+        except ManagementError as error:
+            if error.status < 500 or len(failures) + 1 >= UNREGISTER_ATTEMPTS:
+                raise
+            failures.append(error)
+            return False
+        return True
+
+    wait_until(unregistered, 60.0, f"{model} {version} to be unregistered", interval_s=interval_s)
+
+
 def undo(client: TorchServeClient, model: str, new_version: str, old_version: str | None,
          log: Log) -> list[str]:
     """Put the old version back as default and remove the new one if it got registered, as far
@@ -170,7 +193,7 @@ def undo(client: TorchServeClient, model: str, new_version: str, old_version: st
                 client.set_default(model, old_version)
                 log(f"restored {model} {old_version} as default")
             if any(v["modelVersion"] == new_version for v in versions_of(client, model)):
-                client.unregister(model, new_version)
+                unregister_retrying(client, model, new_version)
                 log(f"unregistered {model} {new_version}")
         except ManagementError as error:
             problems.append(str(error))
@@ -189,13 +212,19 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
         raise RolloutError(f"{plan.archive} holds model {manifest['modelName']!r}, not {plan.model!r}")
     current = default_version(client, plan.model)
     old_version = current["modelVersion"] if current else None
-    if any(v["modelVersion"] == new_version for v in versions_of(client, plan.model)):
-        raise RolloutError(f"{plan.model} {new_version} is already registered")
+    registered = next((v for v in versions_of(client, plan.model) if v["modelVersion"] == new_version),
+                      None)
+    resuming = registered is not None
+    if registered is not None:
+        check_resumable(plan, registered, old_version)
+        log(f"{plan.model} {new_version} is already registered as this rollout registers it (an "
+            "earlier run stopped half-way): taking up from its workers")
     reference = None
     if plan.compare_with_current and old_version is not None and not client.dry_run:
         reference = client.predict(plan.model, old_version, plan.smoke_image)
     try:
-        swap(client, plan, new_version, old_version, reference, answer_reader(manifest), log)
+        swap(client, plan, new_version, old_version, reference, answer_reader(manifest), log,
+             registered=resuming)
     except (ManagementError, RolloutError, KeyboardInterrupt) as error:
         problems = [] if client.dry_run else undo(client, plan.model, new_version, old_version, log)
         state = f"; undo incomplete: {'; '.join(problems)}" if problems else \
@@ -212,13 +241,38 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
         from_settings=ServingSettings.of_version(current) if current else None, time=now_text())
 
 
+def check_resumable(plan: RolloutPlan, registered: dict[str, Any], old_version: str | None) -> None:
+    """A rollout whose version is already registered takes up where an earlier run of the same
+    rollout stopped (killed after registering it, before it became the default) when that
+    version holds the same archive with the same batch settings (its workers are set by the
+    next step; its timeouts come from the archive's YAML); RolloutError otherwise, saying what
+    differs and what to do."""
+    version = registered["modelVersion"]
+    if version == old_version:
+        raise RolloutError(f"{plan.model} {version} is already registered and is the default: "
+                           "nothing to roll out")
+    found = ServingSettings.of_version(registered)
+    differences = [f"{name} {have!r} (this rollout: {want!r})" for name, have, want in (
+        ("archive", registered.get("modelUrl"), plan.archive),
+        ("batch size", found.batch_size, plan.settings.batch_size),
+        ("max batch delay", found.max_batch_delay_ms, plan.settings.max_batch_delay_ms))
+        if have != want]
+    if differences:
+        raise RolloutError(f"{plan.model} {version} is already registered, with {'; '.join(differences)}: "
+                           f"unregister it (models unregister {plan.model} --version {version}) or "
+                           "roll out another version")
+
+
 def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_version: str | None,
-         reference: Any | None, top_label: Callable[[Any], str | None], log: Log) -> None:
-    """The rollout's steps, from register to unregistering the old version (see `rollout`)."""
+         reference: Any | None, top_label: Callable[[Any], str | None], log: Log,
+         registered: bool = False) -> None:
+    """The rollout's steps, from register to unregistering the old version (see `rollout`);
+    `registered`: an earlier run registered the new version already."""
     settings = plan.settings
-    log(f"registering {plan.archive} as {plan.model} {new_version}")
-    client.register(plan.archive, settings.batch_size, settings.max_batch_delay_ms,
-                    settings.min_workers, settings.response_timeout_s, settings.startup_timeout_s)
+    if not registered:
+        log(f"registering {plan.archive} as {plan.model} {new_version}")
+        client.register(plan.archive, settings.batch_size, settings.max_batch_delay_ms,
+                        settings.min_workers, settings.response_timeout_s, settings.startup_timeout_s)
     client.scale(plan.model, new_version, settings.min_workers, settings.max_workers)
     wait_for_workers(client, plan.model, new_version, settings.min_workers, plan.workers_deadline_s)
     log(f"{plan.model} {new_version}: {settings.min_workers} worker(s) ready; smoke test")

@@ -36,7 +36,7 @@ from torchserve_vision.model_descriptions import (
 )
 from torchserve_vision.rollout import RolloutError, RolloutPlan, rollout, wait_for_workers
 from torchserve_vision.server_process import TorchServeInstance
-from torchserve_vision.server_state import versions_of
+from torchserve_vision.server_state import served_default_version, versions_of
 from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
@@ -185,9 +185,41 @@ def test_a_failed_smoke_test_leaves_v1_serving_and_removes_the_new_version(
 
 def test_a_rollout_to_a_registered_version_is_refused_without_changes(client, archives,
                                                                         model_store):
-    with pytest.raises(RolloutError, match="already registered"):
+    with pytest.raises(RolloutError, match="already registered and is the default"):
         rollout(client, plan("efficientnet_lite0-1.0.mar"), model_store, print)
-    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+    client.register(archives["v2"], 4, 20, 1, 60)         # not as the rollout would register it
+    wait_for_workers(client, MODEL, "2.0", 1, 120)
+    with pytest.raises(RolloutError, match=r"already registered, with batch size 4 \(this rollout: 8\)"):
+        rollout(client, plan(archives["v2"]), model_store, print)
+    assert sorted(v["modelVersion"] for v in versions_of(client, MODEL)) == ["1.0", "2.0"]
+    assert served_default_version(client, MODEL)["modelVersion"] == "1.0"
+
+
+def test_a_rollout_killed_after_registering_finishes_when_run_again(client, archives, rollout_server,
+                                                                    model_store, tmp_path):
+    """SIGKILL of the command right after it registered the new version (no undo can run), then
+    the same command again: it takes up from the registered version and finishes, under load."""
+    history = tmp_path / "history.json"
+    arguments = [sys.executable, "-m", "torchserve_vision", "models", "rollout", MODEL, archives["v2"],
+                 "--batch-size", "8", "--max-batch-delay", "20", "--workers", "1",
+                 "--management-url", rollout_server.management_url,
+                 "--inference-url", rollout_server.inference_url,
+                 "--model-store", str(model_store), "--history", str(history)]
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: len(versions_of(client, MODEL)) == 2, 60, "the new version's registration",
+                   interval_s=0.1)
+        process.kill()
+        process.wait(timeout=30)
+        assert served_default_version(client, MODEL)["modelVersion"] == "1.0"
+        done = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
+        load.wait_for(10)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "earlier run stopped half-way" in done.stdout
+    assert load.failures() == []
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["2.0"]
+    assert [(e["from_version"], e["to_version"]) for e in json.loads(history.read_text())] == [("1.0", "2.0")]
 
 
 def test_scaling_up_and_down_under_load_fails_no_request(client, rollout_server, model_store,

@@ -14,6 +14,7 @@ from torchserve_vision.archives.versions import (
 )
 from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
 from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.rollout import UNREGISTER_ATTEMPTS, unregister_retrying
 
 
 def closed_port() -> int:
@@ -77,3 +78,28 @@ def test_archive_with_version_rewrites_only_the_manifest_version(tmp_path):
     with zipfile.ZipFile(tmp_path / name) as archive:
         assert archive.read("model.pt") == b"weights"
     assert archive_manifest(source)["modelVersion"] == "1.0"
+
+
+class FlakyUnregister:
+    """A management API whose DELETE fails with the given statuses, then succeeds."""
+
+    def __init__(self, statuses: list[int]) -> None:
+        self.statuses, self.calls = list(statuses), 0
+
+    def unregister(self, model: str, version: str) -> None:
+        self.calls += 1
+        if self.statuses:
+            raise ManagementError(self.statuses.pop(0), "ConcurrentModificationException",
+                                  f"DELETE /models/{model}/{version}")
+
+
+def test_unregister_retries_a_server_error_but_not_a_client_error():
+    flaky = FlakyUnregister([500, 500])
+    unregister_retrying(flaky, "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
+    assert flaky.calls == 3
+    with pytest.raises(ManagementError, match="-> 404"):
+        unregister_retrying(FlakyUnregister([404]), "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
+    always = FlakyUnregister([500] * 10)
+    with pytest.raises(ManagementError, match="-> 500"):
+        unregister_retrying(always, "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
+    assert always.calls == UNREGISTER_ATTEMPTS

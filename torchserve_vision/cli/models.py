@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -24,6 +25,7 @@ from torchserve_vision.cli.common import (
 )
 from torchserve_vision.client import TorchServeClient
 from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.model_lock import model_lock
 from torchserve_vision.photos import photo_path
 from torchserve_vision.rollout import (
     WORKERS_DEADLINE_MARGIN_S,
@@ -145,7 +147,17 @@ def command_register(client: TorchServeClient, args: argparse.Namespace) -> None
     print(f"{manifest['modelName']} {manifest['modelVersion']}: {low} worker(s) ready")
 
 
+def changing(client: TorchServeClient, args: argparse.Namespace) -> AbstractContextManager[None]:
+    """The model's lock for a change (none for a dry run): see torchserve_vision.model_lock."""
+    return nullcontext() if client.dry_run else model_lock(args.history, args.model)
+
+
 def command_scale(client: TorchServeClient, args: argparse.Namespace) -> None:
+    with changing(client, args):
+        scale_locked(client, args)
+
+
+def scale_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     current = client.describe(args.model, args.version)[0]
     low, high = worker_counts(args, client, (current["minWorkers"], current["maxWorkers"]))
     entry = scale(client, args.model, current["modelVersion"], low, high, args.model_store,
@@ -182,6 +194,11 @@ def rollout_plan(client: TorchServeClient, args: argparse.Namespace, archive: st
 
 
 def command_rollout(client: TorchServeClient, args: argparse.Namespace) -> None:
+    with changing(client, args):
+        rollout_locked(client, args)
+
+
+def rollout_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     archive = args.archive
     if args.same_archive:
         current = default_version(client, args.model)
@@ -205,6 +222,11 @@ def command_rollout(client: TorchServeClient, args: argparse.Namespace) -> None:
 
 
 def command_rollback(client: TorchServeClient, args: argparse.Namespace) -> None:
+    with changing(client, args):
+        rollback_locked(client, args)
+
+
+def rollback_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     template = rollout_plan(client, args, archive="")
     entry = rollback(client, args.model, args.history, args.model_store, template, print)
     if entry is None:

@@ -94,7 +94,7 @@ def test_the_open_inference_protocol_and_the_describe_job_work(continuous_server
                            json=request, timeout=60)
     assert answer.status_code == 200, answer.text
     outputs = {output["name"]: output for output in answer.json()["outputs"]}
-    assert answer.json()["id"] == "7" and outputs["labels"]["shape"] == [2]
+    assert answer.json()["id"] == "7" and outputs["labels"]["shape"] == [1, 2]
     assert outputs["labels"]["data"][0] in CAT_LABELS
     (described,) = continuous_server.client().describe(MODEL, VERSION, customized=True)
     assert described["customizedMetadata"]["max_batch_size"] == 8

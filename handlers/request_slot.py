@@ -65,6 +65,11 @@ class RequestSlot:
     settled: bool = False
 
     @property
+    def several(self) -> bool:
+        """It asked for several images (see ParsedRequest): its answer is a list."""
+        return self.parsed is not None and self.parsed.several
+
+    @property
     def is_open(self) -> bool:
         """Still to be answered: neither refused nor answered yet."""
         return not self.settled

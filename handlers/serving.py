@@ -23,6 +23,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -196,11 +197,11 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             self.cache.look_up_near_duplicates(slots, self.near_duplicate_image, record)
         computed = open_slots(slots)
         if computed:
-            answers = self.answer_in_chunks([item for slot in computed for item in slot.decoded],
-                                            record)
+            answers = iter(self.answer_in_chunks(
+                [item for slot in computed for item in slot.decoded], record))
             for slot in computed:
-                own, answers = answers[:len(slot.decoded)], answers[len(slot.decoded):]
-                slot.answer_with(own if slot.parsed is not None and slot.parsed.several else own[0])
+                own = list(islice(answers, len(slot.decoded)))
+                slot.answer_with(own if slot.several else own[0])
         if self.cache is not None:
             self.cache.store(computed, record)
         self.finish_record(record, slots)
@@ -286,7 +287,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             context.set_response_header(index, CACHE_HEADER, slot.cache_status)
         if slot.error is not None:
             context.set_response_status(slot.error.status, slot.error.phrase, index)
-        elif slot.parsed is None or not slot.parsed.several:
+        elif not slot.several:
             for name, value in self.answer_headers(slot.answer).items():
                 context.set_response_header(index, name, value)
         return protocol.body(slot)

@@ -46,7 +46,7 @@ class CacheStage:
         with record.timing("cache"):
             keyed: list[RequestSlot] = []
             for slot in slots:
-                if not slot.is_open or slot.parsed is None or slot.parsed.several:
+                if not slot.is_open or slot.parsed is None or slot.several:
                     continue   # several images in one request are not cached
                 if bypasses_cache(slot.header):
                     slot.cache_status = CACHE_BYPASS

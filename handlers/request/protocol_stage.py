@@ -63,10 +63,9 @@ class ProtocolStage:
             if slot.v2 is None:
                 return slot.error.to_json_bytes()
             return json.dumps(v2_error(slot.error)).encode("utf-8")
-        several = slot.parsed is not None and slot.parsed.several
         if slot.v2 is None:
-            return json.dumps({"predictions": slot.answer} if several else slot.answer).encode("utf-8")
-        outputs = (stacked_outputs([self.outputs(answer) for answer in slot.answer]) if several
+            return json.dumps({"predictions": slot.answer} if slot.several else slot.answer).encode("utf-8")
+        outputs = (stacked_outputs([self.outputs(answer) for answer in slot.answer]) if slot.several
                    else self.outputs(slot.answer))
         return json.dumps(v2_response(self.model_name, self.model_version, slot.v2,
                                       outputs)).encode("utf-8")

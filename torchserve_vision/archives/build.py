@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from handlers.model.settings import (
     parse_compile,
     parse_model_source,
 )
+from torchserve_vision.archives import ARCHIVER
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
@@ -253,10 +253,9 @@ def run_archiver(description: ModelDescription, staging: Path, weights: Path | N
     `weights`: None for a pipeline (its stages' weights are extra files). `handler`: an entry
     module of one's own instead of the task's (it must be inside `staging/extra`, so that it
     lands in the archive)."""
-    archiver = Path(sys.executable).with_name("torch-model-archiver")
     handler = handler or staging / "extra" / "handlers" / description.kind.entry_module
     command = [
-        str(archiver), "--model-name", description.name, "--version", description.version,
+        str(ARCHIVER), "--model-name", description.name, "--version", description.version,
         *(["--serialized-file", str(weights)] if weights is not None else []),
         "--handler", str(handler),
         "--extra-files", str(staging / "extra"),

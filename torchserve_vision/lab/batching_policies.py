@@ -28,11 +28,9 @@ those fractions of the capacity (the best throughput measured at the largest cli
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
@@ -51,6 +49,7 @@ from torchserve_vision.lab.loadgen import (
     run_open_loop,
 )
 from torchserve_vision.lab.local_handler import LocalContext, extract_archive, load_handler
+from torchserve_vision.lab.profile import median_ms
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.server_state import served_default_version, versions_of
 
@@ -89,14 +88,10 @@ def served_policies(store: Path, archive: str, settings: ServingSettings,
 
 def in_process_batch1_ms(handler: Any, image: bytes, model_dir: str, repeats: int = 30) -> float:
     """The p50 of the archive's handler path (JPEG bytes to JSON) at batch 1, in this process."""
-    def once() -> float:
-        context = LocalContext(model_dir, {}, {}, request_headers=[{}])
-        started = time.perf_counter()
-        handler.handle_batch([{"body": bytearray(image)}], context)
-        return (time.perf_counter() - started) * 1000
-    for _ in range(3):
-        once()
-    return statistics.median(once() for _ in range(repeats))
+    def once() -> None:
+        handler.handle_batch([{"body": bytearray(image)}],
+                             LocalContext(model_dir, {}, {}, request_headers=[{}]))
+    return median_ms(once, repeats, synchronize=lambda: None)
 
 
 @contextmanager

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from torchserve_vision.archives import ARCHIVER
 from torchserve_vision.archives.versions import archive_manifest
 from torchserve_vision.client import TorchServeClient
 from torchserve_vision.lab.batch_log import ServedBreakdown, logged_batches, served_breakdown
@@ -58,8 +59,7 @@ def build_builtin_archive(store: Path) -> str:
         torch.jit.save(torch.jit.trace(model.eval(), torch.zeros(1, 3, 224, 224)), str(program))
         labels = Path(tmp) / "index_to_name.json"
         labels.write_text(json.dumps({str(i): n for i, n in enumerate(resolve_labels("imagenet"))}))
-        archiver = Path(sys.executable).with_name("torch-model-archiver")
-        subprocess.run([str(archiver), "--model-name", BUILTIN, "--version", "1.0",
+        subprocess.run([str(ARCHIVER), "--model-name", BUILTIN, "--version", "1.0",
                         "--serialized-file", str(program), "--handler", "image_classifier",
                         "--extra-files", str(labels), "--export-path", str(store), "--force"],
                        check=True, capture_output=True)

@@ -6,9 +6,10 @@ message handling), which is the floor under any handler's latency on that server
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from torchserve_vision.archives import ARCHIVER
 
 ECHO, ECHO_ASYNC = "echo", "echo_async"
 
@@ -34,8 +35,7 @@ def build_echo_archive(store: Path, name: str) -> str:
         handler, config = Path(tmp) / f"{name}_handler.py", Path(tmp) / "model-config.yaml"
         handler.write_text(handler_source, encoding="utf-8")
         config.write_text(model_yaml, encoding="utf-8")
-        archiver = Path(sys.executable).with_name("torch-model-archiver")
-        subprocess.run([str(archiver), "--model-name", name, "--version", "1.0",
+        subprocess.run([str(ARCHIVER), "--model-name", name, "--version", "1.0",
                         "--handler", str(handler), "--config-file", str(config),
                         "--export-path", str(store), "--force"], check=True, capture_output=True)
     return archive

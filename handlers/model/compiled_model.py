@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 
 from handlers.model.answer_agreement import answer_disagreement, probability_bound, top_classes
+from handlers.model.gil_free_package import GilFreePackage, UnsupportedPackage
 
 logger = logging.getLogger(__name__)
 
@@ -243,17 +244,27 @@ class IsaMismatchWarningFilter(logging.Filter):
 ISA_MISMATCH_WARNING_FILTER = IsaMismatchWarningFilter()
 
 
-def load_aoti_package(path: Path) -> Runner:
+def load_aoti_package(path: Path, device: str = "cpu") -> Runner:
     """Load an AOTInductor package whose every call checks its input's shape, strides and dtype
     against what it was built for, and raises on a mismatch. Without the check (AOTInductor's
     default) a package fed another shape reads out of bounds: wrong numbers, or a crash. It costs
     microseconds per call; `AOTI_RUNTIME_CHECK_INPUTS` is read once per package, at its first
-    call, so it is set for the whole worker process. Inductor would also compile a small probe
-    program to find the CPU's vector ISA; the package is already built, so that is skipped."""
+    call, so it is set for the whole worker process.
+
+    A CPU package runs through its C interface with the GIL released (GilFreePackage), so the
+    worker's other threads go on while a batch runs; one that cannot (logged) and a CUDA package
+    (whose run only launches kernels) load with torch's loader. Inductor would also compile a
+    small probe program to find the CPU's vector ISA; the package is already built, so that is
+    skipped."""
     import torch._inductor
     import torch._inductor.config as inductor_config
 
     os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
+    if device == "cpu":
+        try:
+            return GilFreePackage(path)
+        except UnsupportedPackage as reason:
+            logger.warning("%s runs with torch's loader, which holds the GIL: %s", path.name, reason)
     logging.getLogger("torch.export.pt2_archive._package").addFilter(ISA_MISMATCH_WARNING_FILTER)
     with inductor_config.patch({"cpp.vec_isa_ok": True}):
         return torch._inductor.aoti_load_package(str(path))
@@ -339,7 +350,7 @@ def load_compiled_runner(packages: Sequence[CompiledPackage], model_dir: Path, m
     if not path.is_file():
         raise CompiledModelRefused("missing", f"{package.file} is not in the archive")
     probe = eager.model_input(load_probe_photos(model_dir).to(machine.device))
-    compiled = ChunkedRunner(call_with_deadline(lambda: load_aoti_package(path), timeout_s),
+    compiled = ChunkedRunner(call_with_deadline(lambda: load_aoti_package(path, machine.device), timeout_s),
                              package.target.max_batch_size)
     check_answers(compiled, eager.fp32, probe, machine.precision)
     return compiled, package

@@ -50,6 +50,7 @@ from handlers.torchserve_context import (
     BATCH_SIZE_HEADER,
     JSON_CONTENT_TYPE,
     TorchServeContext,
+    frontend_identity,
     header_reader,
     is_describe_request,
     required_serialized_file,
@@ -154,10 +155,12 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
 
     def describe(self) -> dict[str, Any]:
         """This worker's answer to `GET /models/{m}/{v}?customized=true` (TorchServe shows it as
-        `customizedMetadata`): device, precision, batch bound, and the runner of each network."""
+        `customizedMetadata`): device, precision, batch bound, the runner of each network, and the
+        TorchServe frontend it serves (rollout history entries name their server by it)."""
         return {"device": str(self.device), "precision": self.precision,
                 "max_batch_size": self.max_batch_size, "runner": self.runner,
-                "runners": {role: choice.describe() for role, choice in self.runners.items()}}
+                "runners": {role: choice.describe() for role, choice in self.runners.items()},
+                "frontend": frontend_identity()}
 
     def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> Any:
         """TorchServe's entry point: `handle_batch`'s answers, or, in TorchServe's asynchronous

@@ -42,6 +42,19 @@ def worker_process_age_ms() -> float:
     return (time.time() - psutil.Process().create_time()) * 1000
 
 
+def frontend_identity() -> dict[str, Any] | None:
+    """The TorchServe frontend this worker belongs to (the process that started it): its pid and
+    start time (UTC, ISO 8601), which together name one life of one server; None if unreadable."""
+    try:
+        parent = psutil.Process().parent()
+        if parent is None:
+            return None
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(parent.create_time()))
+    except psutil.Error:
+        return None
+    return {"pid": parent.pid, "started": started}
+
+
 class TorchServeContext(Protocol):
     """The parts of `ts.context.Context` the handlers use."""
 

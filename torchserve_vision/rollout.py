@@ -8,12 +8,17 @@ for READY workers, with a deadline from the version's startupTimeout. Any failur
 or an interruption (Ctrl-C) stops the rollout, restores the old default, removes what the
 rollout added, and raises RolloutError (RolloutInterrupted for Ctrl-C) saying what was undone.
 
-Each completed change (rollout, rollback, scaling) is appended to a history file, which
-`rollback` reads to find what to undo (the previous version, its archive and settings).
+With a journal (torchserve_vision.rollout_history.Journal), each change (rollout, rollback,
+scaling) records its intent before it acts and its outcome after. A command that dies half-way
+leaves its intent `started`: the same command run again finishes the change (a registered
+version with the recorded archive and settings is taken as this change's own, also after it
+became the default), `abort` undoes it. `rollback` reads the journal for the latest completed
+change and refuses one made on another server (a restarted one) than the live one.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -30,7 +35,14 @@ from torchserve_vision.client import ManagementError, TorchServeClient
 from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.model_kinds import UnknownKind, best_label, kind_of_entry_module
-from torchserve_vision.rollout_history import HistoryEntry, last_change, now_text
+from torchserve_vision.rollout_history import (
+    ChangeKind,
+    HistoryEntry,
+    Journal,
+    half_done_text,
+    last_change,
+    now_text,
+)
 from torchserve_vision.server_state import (
     default_version,
     ready_workers,
@@ -201,8 +213,26 @@ def undo(client: TorchServeClient, model: str, new_version: str, old_version: st
     return problems
 
 
-def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) -> HistoryEntry:
-    """Swap `plan.model` to the archive's version with no failed request; return a history entry."""
+def server_identity(client: TorchServeClient, model: str, version: str) -> str | None:
+    """The TorchServe frontend this version runs on, as `pid@start time`, from what a worker of
+    it reports (handlers' describe: `frontend`); None when no worker says (another handler, a
+    dry run, an error)."""
+    if client.dry_run:
+        return None
+    try:
+        metadata = client.describe(model, version, customized=True)[0].get("customizedMetadata")
+        if isinstance(metadata, str):
+            metadata = json.loads(metadata)
+        frontend = metadata.get("frontend") if isinstance(metadata, dict) else None
+    except (ManagementError, ValueError, IndexError):
+        return None
+    return f"{frontend['pid']}@{frontend['started']}" if isinstance(frontend, dict) else None
+
+
+def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
+            journal: Journal | None = None, kind: ChangeKind = "rollout") -> HistoryEntry:
+    """Swap `plan.model` to the archive's version with no failed request; return the history
+    entry (recorded as `kind` in `journal` when one is given: started before, done after)."""
     try:
         manifest = archive_manifest(store / plan.archive)
     except ArchiveError as error:
@@ -210,11 +240,25 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
     new_version = str(manifest["modelVersion"])
     if manifest["modelName"] != plan.model:
         raise RolloutError(f"{plan.archive} holds model {manifest['modelName']!r}, not {plan.model!r}")
+    pending = journal.pending(plan.model) if journal is not None else None
+    if pending is not None and (pending.to_version, pending.to_archive) != (new_version, plan.archive):
+        raise RolloutError(half_done_text(pending))
     current = default_version(client, plan.model)
-    old_version = current["modelVersion"] if current else None
+    intent = pending or HistoryEntry(
+        kind=kind, model=plan.model, to_version=new_version, to_archive=plan.archive,
+        to_settings=plan.settings, from_version=current["modelVersion"] if current else None,
+        from_archive=current["modelUrl"] if current else None,
+        from_settings=ServingSettings.of_version(current) if current else None, time=now_text(),
+        server=server_identity(client, plan.model, current["modelVersion"]) if current else None)
+    old_version = intent.from_version
     registered = next((v for v in versions_of(client, plan.model) if v["modelVersion"] == new_version),
                       None)
-    resuming = registered is not None
+    if registered is not None and pending is not None and current is not None \
+            and current["modelVersion"] == new_version:
+        log(f"{plan.model} {new_version} became the default in an earlier run that stopped "
+            "half-way: finishing it")
+        retire_old(client, plan, old_version, log)
+        return intent if client.dry_run or journal is None else journal.end(pending, "done")
     if registered is not None:
         check_resumable(plan, registered, old_version)
         log(f"{plan.model} {new_version} is already registered as this rollout registers it (an "
@@ -222,11 +266,15 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
     reference = None
     if plan.compare_with_current and old_version is not None and not client.dry_run:
         reference = client.predict(plan.model, old_version, plan.smoke_image)
+    if journal is not None and pending is None and not client.dry_run:
+        intent = journal.begin(intent)
     try:
         swap(client, plan, new_version, old_version, reference, answer_reader(manifest), log,
-             registered=resuming)
+             registered=registered is not None)
     except (ManagementError, RolloutError, KeyboardInterrupt) as error:
         problems = [] if client.dry_run else undo(client, plan.model, new_version, old_version, log)
+        if journal is not None and intent.state == "started" and not problems:
+            journal.end(intent, "undone")
         state = f"; undo incomplete: {'; '.join(problems)}" if problems else \
             f" ({plan.model} {old_version} is the default)" if old_version else ""
         if isinstance(error, KeyboardInterrupt):
@@ -234,11 +282,9 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log) 
                                      f"undone{state}") from None
         raise RolloutError(f"rollout of {plan.model} {new_version} failed and was undone{state}: "
                            f"{error}") from None
-    return HistoryEntry(
-        kind="rollout", model=plan.model, to_version=new_version, to_archive=plan.archive,
-        to_settings=plan.settings, from_version=old_version,
-        from_archive=current["modelUrl"] if current else None,
-        from_settings=ServingSettings.of_version(current) if current else None, time=now_text())
+    if journal is not None and intent.state == "started":
+        return journal.end(intent, "done")
+    return replace(intent, time=now_text())
 
 
 def check_resumable(plan: RolloutPlan, registered: dict[str, Any], old_version: str | None) -> None:
@@ -280,10 +326,20 @@ def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_vers
                top_label)
     client.set_default(plan.model, new_version)
     log(f"{plan.model} {new_version} is the default")
-    if old_version is not None and not plan.keep_old:
-        wait_for_drain(client, plan.model, old_version, plan.drain_timeout_s, plan.drain_grace_s)
-        client.unregister(plan.model, old_version)
-        log(f"unregistered {plan.model} {old_version}")
+    retire_old(client, plan, old_version, log)
+
+
+def retire_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | None,
+               log: Log) -> None:
+    """Once the new version is the default: wait for the old one's queue to drain, then
+    unregister it (unless the plan keeps it, or it is gone already)."""
+    if old_version is None or plan.keep_old:
+        return
+    if not any(v["modelVersion"] == old_version for v in versions_of(client, plan.model)):
+        return
+    wait_for_drain(client, plan.model, old_version, plan.drain_timeout_s, plan.drain_grace_s)
+    client.unregister(plan.model, old_version)
+    log(f"unregistered {plan.model} {old_version}")
 
 
 def settings_text(settings: ServingSettings) -> str:
@@ -293,15 +349,24 @@ def settings_text(settings: ServingSettings) -> str:
 
 
 def scale(client: TorchServeClient, model: str, version: str | None, low: int, high: int,
-          store: Path, smoke_image: bytes, log: Log,
-          timeout_s: float | None = None) -> HistoryEntry | None:
-    """Set a version's workers with no failed request; return a history entry (None: dry run).
+          store: Path, smoke_image: bytes, log: Log, timeout_s: float | None = None,
+          journal: Journal | None = None, kind: ChangeKind = "scale") -> HistoryEntry | None:
+    """Set a version's workers with no failed request; return a history entry (None: dry run),
+    recorded as `kind` in `journal` when one is given.
 
     TorchServe stops surplus workers even in the middle of a batch (those requests get 500
     "Worker died"), so the default version is scaled down by rolling out a copy of its archive
     (version `<v>-w<N>`) with fewer workers: the old workers finish their queue before they go.
     Anything else is a plain scale call, then a wait for READY workers; if they do not come
-    before the deadline, the old counts are restored."""
+    before the deadline, the old counts are restored. A half-done scaling by copy is finished
+    by the same command; a half-done change of another kind is refused (see `abort`)."""
+    pending = journal.pending(model) if journal is not None else None
+    if pending is not None and pending.kind != kind:
+        raise RolloutError(half_done_text(pending))
+    if pending is not None and pending.to_version != pending.from_version:
+        plan = RolloutPlan(model, pending.to_archive, pending.to_settings, smoke_image,
+                           workers_timeout_s=timeout_s)
+        return rollout(client, plan, store, log, journal, kind)
     current = client.describe(model, version)[0]
     version = str(current["modelVersion"])
     before = ServingSettings.of_version(current)
@@ -315,7 +380,15 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
             return None
         archive = archive_with_version(store, current["modelUrl"], copy_version)
         plan = RolloutPlan(model, archive, after, smoke_image, workers_timeout_s=timeout_s)
-        return rollout(client, plan, store, log).as_kind("scale")
+        return rollout(client, plan, store, log, journal, kind)
+    if pending is not None and (pending.to_version, pending.to_settings) != (version, after):
+        raise RolloutError(half_done_text(pending))
+    intent = pending or HistoryEntry(
+        kind=kind, model=model, to_version=version, to_archive=current["modelUrl"],
+        to_settings=after, from_version=version, from_archive=current["modelUrl"],
+        from_settings=before, time=now_text(), server=server_identity(client, model, version))
+    if journal is not None and pending is None and not client.dry_run:
+        intent = journal.begin(intent)
     client.scale(model, version, low, high)
     try:
         wait_for_workers(client, model, version, low,
@@ -323,45 +396,127 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
     except (RolloutError, KeyboardInterrupt) as error:
         with interrupts_ignored():
             client.scale(model, version, before.min_workers, before.max_workers)
+            if journal is not None and intent.state == "started":
+                journal.end(intent, "undone")
         raise RolloutError(f"scaling {model} {version} to {low} workers failed and was undone "
                            f"(workers {before.min_workers}/{before.max_workers} again): {error!r}") from None
     log(f"{model} {version}: workers min {low} / max {high}")
-    return HistoryEntry(kind="scale", model=model, to_version=version, to_archive=current["modelUrl"],
-                        to_settings=after, from_version=version, from_archive=current["modelUrl"],
-                        from_settings=before, time=now_text())
+    if journal is not None and intent.state == "started":
+        return journal.end(intent, "done")
+    return intent
 
 
-def rollback(client: TorchServeClient, model: str, history_file: Path, store: Path,
+def rollback(client: TorchServeClient, model: str, journal: Journal, store: Path,
              plan_template: RolloutPlan, log: Log) -> HistoryEntry | None:
-    """Undo the latest recorded change to what serves `model`: the previous version becomes the
+    """Undo the latest completed change to what serves `model`: the previous version becomes the
     default again (at once when it is still registered, else by rolling out its archive again
-    with its recorded settings), or a scaling is reversed. Says what it will do first."""
+    with its recorded settings), or a scaling is reversed. Says what it will do first. A
+    half-done rollback is finished; a half-done change of another kind is refused (see `abort`);
+    so is a change recorded on another server than the live one (it was restarted since)."""
+    pending = journal.pending(model)
+    if pending is not None and pending.kind != "rollback":
+        raise RolloutError(half_done_text(pending))
     current = default_version(client, model)
     if current is None:
         raise RolloutError(f"{model} is not registered")
-    entry = last_change(history_file, model, current["modelVersion"])
+    if pending is not None:
+        return finish_rollback(client, pending, journal, store, plan_template, log)
+    entry = last_change(journal.history_file, model, current["modelVersion"])
     if entry is None or entry.from_version is None or entry.from_archive is None:
         raise RolloutError(f"no recorded change of {model} to {current['modelVersion']} in "
-                           f"{history_file}; nothing to roll back to")
+                           f"{journal.history_file}; nothing to roll back to")
+    live_server = server_identity(client, model, current["modelVersion"])
+    if entry.server is not None and live_server is not None and entry.server != live_server:
+        raise RolloutError(f"the latest recorded change of {model} to {current['modelVersion']} (the "
+                           f"{entry.kind} of {entry.time}) was made on another server ({entry.server}; "
+                           f"this one is {live_server}): it was restarted since, and nothing "
+                           "recorded on this server is left to roll back")
     previous, previous_archive = entry.from_version, entry.from_archive
     settings = entry.from_settings or entry.to_settings
     undoing = f"undoing the {entry.kind} of {entry.time}"
     if previous == current["modelVersion"]:
         log(f"rollback of {model} ({undoing}): {previous} back to {settings_text(settings)}")
-        rolled = scale(client, model, previous, settings.min_workers, settings.max_workers, store,
-                       plan_template.smoke_image, log, plan_template.workers_timeout_s)
-        return rolled.as_kind("rollback") if rolled is not None else None
+        return scale(client, model, previous, settings.min_workers, settings.max_workers, store,
+                     plan_template.smoke_image, log, plan_template.workers_timeout_s, journal,
+                     "rollback")
     if any(v["modelVersion"] == previous for v in versions_of(client, model)):
         log(f"rollback of {model} ({undoing}): {previous} is still registered; it becomes the "
             f"default again and {current['modelVersion']} stays registered")
-        client.set_default(model, previous)
-        log(f"{model} {previous} is the default again")
-        return HistoryEntry(kind="rollback", model=model, to_version=previous,
-                            to_archive=previous_archive, to_settings=settings,
-                            from_version=current["modelVersion"], from_archive=current["modelUrl"],
-                            from_settings=ServingSettings.of_version(current), time=now_text())
+        intent = HistoryEntry(kind="rollback", model=model, to_version=previous,
+                              to_archive=previous_archive, to_settings=settings,
+                              from_version=current["modelVersion"], from_archive=current["modelUrl"],
+                              from_settings=ServingSettings.of_version(current), time=now_text(),
+                              server=live_server)
+        return set_default_journaled(client, intent, journal, log)
     log(f"rollback of {model} ({undoing}): {previous} is gone; re-registering it from "
         f"{previous_archive} with {settings_text(settings)}, then retiring "
         f"{current['modelVersion']}")
     plan = replace(plan_template, model=model, archive=previous_archive, settings=settings)
-    return rollout(client, plan, store, log).as_kind("rollback")
+    return rollout(client, plan, store, log, journal, "rollback")
+
+
+def set_default_journaled(client: TorchServeClient, intent: HistoryEntry, journal: Journal,
+                          log: Log) -> HistoryEntry | None:
+    """Make `intent.to_version` the default, recorded in the journal (None: dry run)."""
+    if client.dry_run:
+        client.set_default(intent.model, intent.to_version)
+        return None
+    started = journal.begin(intent)
+    client.set_default(intent.model, intent.to_version)
+    log(f"{intent.model} {intent.to_version} is the default again")
+    return journal.end(started, "done")
+
+
+def finish_rollback(client: TorchServeClient, pending: HistoryEntry, journal: Journal,
+                    store: Path, plan_template: RolloutPlan, log: Log) -> HistoryEntry | None:
+    """A rollback whose command died half-way, done again from its recorded intent."""
+    model = pending.model
+    log(f"finishing the rollback of {model} to {pending.to_version} that an earlier run left "
+        f"half-done ({pending.time}); {pending.from_version} is retired once it is done")
+    if pending.to_version == pending.from_version:
+        return scale(client, model, pending.to_version, pending.to_settings.min_workers,
+                     pending.to_settings.max_workers, store, plan_template.smoke_image, log,
+                     plan_template.workers_timeout_s, journal, "rollback")
+    # As a rollout of the recorded archive: its workers are checked and smoke-tested again
+    # before it becomes the default, and the version rolled back from is then retired.
+    plan = replace(plan_template, model=model, archive=pending.to_archive,
+                   settings=pending.to_settings)
+    return rollout(client, plan, store, log, journal, "rollback")
+
+
+def abort(client: TorchServeClient, model: str, journal: Journal, store: Path,
+          plan_template: RolloutPlan, log: Log) -> HistoryEntry:
+    """Undo the change of `model` that a dead command left half-done: the version it started
+    from serves again as it did (re-registered from its archive if it is gone), and the version
+    the change brought is unregistered. RolloutError when nothing is half-done."""
+    pending = journal.pending(model)
+    if pending is None:
+        raise RolloutError(f"no half-done change of {model} in {journal.history_file}: nothing "
+                           "to abort")
+    old, new = pending.from_version, pending.to_version
+    log(f"aborting the {pending.kind} of {model} from {old} to {new} started {pending.time}")
+    registered = {v["modelVersion"] for v in versions_of(client, model)}
+    if old == new and pending.from_settings is not None:
+        settings = pending.from_settings
+        client.scale(model, old, settings.min_workers, settings.max_workers)
+        wait_for_workers(client, model, old, settings.min_workers,
+                         plan_template.workers_timeout_s or settings.startup_timeout_s
+                         + WORKERS_DEADLINE_MARGIN_S)
+    elif old is None or old in registered:
+        current = default_version(client, model)
+        if old is not None and (current is None or current["modelVersion"] != old):
+            client.set_default(model, old)
+            log(f"restored {model} {old} as default")
+        if new in registered and new != old:
+            wait_for_drain(client, model, new, plan_template.drain_timeout_s,
+                           plan_template.drain_grace_s)
+            unregister_retrying(client, model, new)
+            log(f"unregistered {model} {new}")
+    elif pending.from_archive is not None:
+        log(f"{model} {old} is gone: rolling its archive {pending.from_archive} out again")
+        plan = replace(plan_template, model=model, archive=pending.from_archive,
+                       settings=pending.from_settings or pending.to_settings)
+        rollout(client, plan, store, log)
+    log(f"aborted: {model} {old} serves as before {pending.time}" if old else
+        f"aborted: {model} {new} is unregistered")
+    return pending if client.dry_run else journal.end(pending, "aborted")

@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -134,6 +134,11 @@ def cli(server: TorchServeInstance, store: Path, history: Path, *args: str) -> i
                     server.inference_url, "--model-store", str(store), "--history", str(history)])
 
 
+def states(history: Path) -> list[str]:
+    """The outcome of each change the history records, in order."""
+    return [entry["state"] for entry in json.loads(history.read_text())]
+
+
 def plan(archive: str, **overrides) -> RolloutPlan:
     return RolloutPlan(**{"model": MODEL, "archive": archive, "settings": SETTINGS,
                           "smoke_image": photo_bytes("chelsea.png"),
@@ -180,7 +185,7 @@ def test_a_failed_smoke_test_leaves_v1_serving_and_removes_the_new_version(
     assert load.failures() == []
     assert {len(o.body) for o in load.outcomes} == {V1_LENGTH}
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
-    assert not (tmp_path / "history.json").exists()
+    assert states(tmp_path / "history.json") == ["undone"]
 
 
 def test_a_rollout_to_a_registered_version_is_refused_without_changes(client, archives,
@@ -200,11 +205,7 @@ def test_a_rollout_killed_after_registering_finishes_when_run_again(client, arch
     """SIGKILL of the command right after it registered the new version (no undo can run), then
     the same command again: it takes up from the registered version and finishes, under load."""
     history = tmp_path / "history.json"
-    arguments = [sys.executable, "-m", "torchserve_vision", "models", "rollout", MODEL, archives["v2"],
-                 "--batch-size", "8", "--max-batch-delay", "20", "--workers", "1",
-                 "--management-url", rollout_server.management_url,
-                 "--inference-url", rollout_server.inference_url,
-                 "--model-store", str(model_store), "--history", str(history)]
+    arguments = models_command(rollout_server, model_store, history, "rollout", MODEL, archives["v2"])
     with load_on_server(client) as load:
         load.wait_for(10)
         process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -219,7 +220,143 @@ def test_a_rollout_killed_after_registering_finishes_when_run_again(client, arch
     assert "earlier run stopped half-way" in done.stdout
     assert load.failures() == []
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["2.0"]
-    assert [(e["from_version"], e["to_version"]) for e in json.loads(history.read_text())] == [("1.0", "2.0")]
+    assert [(e["from_version"], e["to_version"], e["state"]) for e in json.loads(history.read_text())] \
+        == [("1.0", "2.0", "done")]
+
+
+def models_command(server: TorchServeInstance, store: Path, history: Path, *args: str) -> list[str]:
+    """`torchserve-vision models ...` as its own process (to be killed), with the test's batch
+    settings and one worker."""
+    return [sys.executable, "-m", "torchserve_vision", "models", *args, "--batch-size", "8",
+            "--max-batch-delay", "20", "--workers", "1", "--drain-grace", "3",
+            "--management-url", server.management_url, "--inference-url", server.inference_url,
+            "--model-store", str(store), "--history", str(history)]
+
+
+def killed_once(arguments: list[str], reached: Callable[[], bool], point: str) -> None:
+    """Start the command, SIGKILL it as soon as `reached()` holds (polled every 50 ms)."""
+    process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(reached, 120, point, interval_s=0.05)
+    process.kill()
+    process.wait(timeout=30)
+
+
+def test_a_rollout_killed_after_becoming_the_default_finishes_when_run_again(
+        client, archives, rollout_server, model_store, tmp_path):
+    """Killed while it waits for the old version to drain (v2 serves, v1 still registered): the
+    same command again retires v1 and records the rollout as done."""
+    history = tmp_path / "history.json"
+    arguments = models_command(rollout_server, model_store, history, "rollout", MODEL, archives["v2"])
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        killed_once(arguments, lambda: served_default_version(client, MODEL)["modelVersion"] == "2.0",
+                    "v2 to become the default")
+        assert sorted(v["modelVersion"] for v in versions_of(client, MODEL)) == ["1.0", "2.0"]
+        assert states(history) == ["started"]
+        done = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
+        load.wait_for(10)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "became the default in an earlier run" in done.stdout
+    assert load.failures() == []
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["2.0"]
+    assert states(history) == ["done"]
+
+
+def test_a_rollout_killed_half_way_is_shown_and_undone_by_abort(client, archives, rollout_server,
+                                                                model_store, tmp_path, capsys):
+    """Killed after registering v2: `models list` shows the half-done rollout and how to finish
+    or undo it; `models rollout --abort` unregisters v2 and leaves v1 serving, under load."""
+    history = tmp_path / "history.json"
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        killed_once(models_command(rollout_server, model_store, history, "rollout", MODEL,
+                                   archives["v2"]),
+                    lambda: len(versions_of(client, MODEL)) == 2, "v2's registration")
+        capsys.readouterr()
+        assert cli(rollout_server, model_store, history, "list") == 0
+        listed = capsys.readouterr().out
+        assert "half-done: a rollout of efficientnet_lite0 from 1.0 to 2.0" in listed
+        assert "models rollout --abort efficientnet_lite0" in listed
+        assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
+        load.wait_for(10)
+    assert "aborted the rollout of efficientnet_lite0 to 2.0" in capsys.readouterr().out
+    assert load.failures() == []
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+    assert served_default_version(client, MODEL)["modelVersion"] == "1.0"
+    assert states(history) == ["aborted"]
+    assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 1
+
+
+def test_an_abort_after_the_new_version_became_the_default_puts_the_old_one_back(
+        client, archives, rollout_server, model_store, tmp_path):
+    history = tmp_path / "history.json"
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        killed_once(models_command(rollout_server, model_store, history, "rollout", MODEL,
+                                   archives["v2"]),
+                    lambda: served_default_version(client, MODEL)["modelVersion"] == "2.0",
+                    "v2 to become the default")
+        assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
+        aborted_at = time.monotonic()
+        load.wait_for(10)
+    assert load.failures() == []
+    assert {len(o.body) for o in load.outcomes if o.sent_at > aborted_at} == {V1_LENGTH}
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+    assert states(history) == ["aborted"]
+
+
+@pytest.mark.parametrize("then", ["run again", "abort"])
+def test_a_rollback_killed_half_way_finishes_when_run_again_or_is_aborted(
+        client, archives, rollout_server, model_store, tmp_path, then):
+    """v2 rolled out (v1 retired); its rollback re-registers v1 from its archive and is killed
+    once v1 is registered. Run again: v1 serves, v2 is retired. Aborted: v2 serves, v1 is gone."""
+    history = tmp_path / "history.json"
+    assert cli(rollout_server, model_store, history, "rollout", MODEL, archives["v2"]) == 0
+    with load_on_server(client) as load:
+        load.wait_for(10)
+        killed_once(models_command(rollout_server, model_store, history, "rollback", MODEL),
+                    lambda: len(versions_of(client, MODEL)) == 2, "v1's registration")
+        assert states(history) == ["done", "started"]
+        if then == "run again":
+            assert cli(rollout_server, model_store, history, "rollback", MODEL) == 0
+        else:
+            assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
+        load.wait_for(10)
+    assert load.failures() == []
+    serving = "1.0" if then == "run again" else "2.0"
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == [serving]
+    assert states(history) == ["done", "done" if then == "run again" else "aborted"]
+
+
+def test_a_half_done_rollout_refuses_other_changes_of_the_model(client, archives, rollout_server,
+                                                                model_store, tmp_path, capsys):
+    history = tmp_path / "history.json"
+    killed_once(models_command(rollout_server, model_store, history, "rollout", MODEL, archives["v2"]),
+                lambda: len(versions_of(client, MODEL)) == 2, "v2's registration")
+    for change in (("rollout", MODEL, "--same-archive", "--batch-size", "4"), ("rollback", MODEL),
+                   ("scale", MODEL, "--workers", "2")):
+        capsys.readouterr()
+        assert cli(rollout_server, model_store, history, *change) == 1, change
+        assert "is half-done" in capsys.readouterr().err, change
+    assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+
+
+def test_rollback_refuses_a_change_recorded_on_another_server(client, rollout_server, model_store,
+                                                              tmp_path, capsys):
+    """A history written before the server was restarted: its latest change to 1.0 is not this
+    server's to undo."""
+    history = tmp_path / "history.json"
+    assert cli(rollout_server, model_store, history, "scale", MODEL, "--workers", "2") == 0
+    (scaled,) = json.loads(history.read_text())
+    assert scaled["state"] == "done" and scaled["server"]
+    scaled["server"] = "1@2000-01-01T00:00:00Z"              # as if made on an earlier server
+    history.write_text(json.dumps([scaled]))
+    capsys.readouterr()
+    assert cli(rollout_server, model_store, history, "rollback", MODEL) == 1
+    assert "was made on another server" in capsys.readouterr().err
+    assert len(client.describe(MODEL, "1.0")[0]["workers"]) == 2       # nothing undone
+    client.scale(MODEL, "1.0", 1, 1)
 
 
 def test_scaling_up_and_down_under_load_fails_no_request(client, rollout_server, model_store,
@@ -351,7 +488,7 @@ def test_a_version_not_ready_by_its_deadline_is_undone(client, archives, rollout
     assert "undone (efficientnet_lite0 1.0 is the default)" in error
     assert load.failures() == []
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
-    assert not history.exists()
+    assert states(history) == ["undone"]
 
 
 def test_a_refused_registration_is_undone_and_reported(client, archives, rollout_server,
@@ -362,7 +499,7 @@ def test_a_refused_registration_is_undone_and_reported(client, archives, rollout
     error = capsys.readouterr().err
     assert "failed and was undone" in error and "POST /models" in error and "Runtime" in error
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
-    assert not (tmp_path / "history.json").exists()
+    assert states(tmp_path / "history.json") == ["undone"]
 
 
 def test_a_version_whose_workers_die_while_loading_is_undone_without_waiting_out_the_deadline(
@@ -400,7 +537,7 @@ def test_an_interrupted_rollout_is_undone_and_exits_non_zero(client, archives, r
     assert "unregistered efficientnet_lite0 4.0" in out
     assert load.failures() == []
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
-    assert not history.exists()
+    assert states(history) == ["undone"]
 
 
 def test_rollback_after_a_scale_down_explains_itself_then_restores_the_workers(

@@ -1,12 +1,23 @@
-"""The rollout history file: typed entries, written whole, read back as written."""
+"""The rollout history file and journal: typed entries, written whole, read back as written;
+changes recorded as started before they act and rewritten with their outcome after."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import pytest
+
 from torchserve_vision.model_descriptions import ServingSettings
-from torchserve_vision.rollout_history import HistoryEntry, last_change, read_history, record
+from torchserve_vision.rollout_history import (
+    HistoryEntry,
+    Journal,
+    half_done_text,
+    last_change,
+    read_history,
+    record,
+)
 
 
 def entry(to_version: str, from_version: str | None, kind: str = "rollout") -> HistoryEntry:
@@ -41,3 +52,55 @@ def test_entries_of_older_files_without_a_kind_are_rollouts(tmp_path: Path):
     del raw["kind"]
     history.write_text(json.dumps([raw]))
     assert read_history(history) == [entry("2.0", "1.0")]
+
+
+def test_a_change_is_recorded_as_started_before_it_acts_and_rewritten_in_place_after(tmp_path: Path):
+    history = tmp_path / "history.json"
+    journal = Journal(history)
+    record(history, entry("1.0", None))
+    started = journal.begin(entry("2.0", "1.0"))
+    assert (started.state, started.pid) == ("started", os.getpid()) and started.id
+    assert read_history(history)[-1] == started            # on disk before the change acts
+    assert journal.pending("m") == started
+    assert last_change(history, "m", "2.0") is None         # not done: nothing to roll back
+    done = journal.end(started, "done")
+    assert [item.state for item in read_history(history)] == ["done", "done"]
+    assert journal.pending("m") is None
+    assert last_change(history, "m", "2.0") == done
+
+
+@pytest.mark.parametrize("outcome", ["undone", "aborted"])
+def test_undone_and_aborted_changes_are_neither_pending_nor_rolled_back(tmp_path: Path, outcome):
+    history = tmp_path / "history.json"
+    journal = Journal(history)
+    journal.end(journal.begin(entry("2.0", "1.0")), outcome)
+    assert journal.pending("m") is None
+    assert last_change(history, "m", "2.0") is None
+
+
+def test_only_the_latest_change_of_a_model_can_be_pending(tmp_path: Path):
+    journal = Journal(tmp_path / "history.json")
+    journal.begin(entry("2.0", "1.0"))                       # its command died ...
+    journal.end(journal.begin(entry("3.0", "1.0")), "done")  # ... and it was cleaned up by hand
+    assert journal.pending("m") is None
+    journal.begin(entry("4.0", "3.0"))
+    pending = journal.pending("m")
+    assert pending is not None and pending.to_version == "4.0"
+    assert journal.pending("other") is None
+
+
+def test_a_half_done_change_says_how_to_finish_or_undo_it(tmp_path: Path):
+    started = Journal(tmp_path / "history.json").begin(entry("2.0", "1.0"))
+    text = half_done_text(started)
+    assert "from 1.0 to 2.0" in text and f"pid {os.getpid()}" in text
+    assert "run the same command again" in text and "models rollout --abort m" in text
+
+
+def test_entries_of_older_files_are_done_on_an_unknown_server(tmp_path: Path):
+    history = tmp_path / "history.json"
+    raw = entry("2.0", "1.0").to_json()
+    for field in ("state", "server", "id", "pid"):
+        del raw[field]
+    history.write_text(json.dumps([raw]))
+    (read,) = read_history(history)
+    assert (read.state, read.server) == ("done", None)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 
+import psutil
 import pytest
 import torch
 from torch import nn
@@ -97,3 +100,11 @@ def test_metrics_carry_batch_size_stage_times_and_rejections_by_reason():
     assert values[("HandlerRequests", ())] == 3 and values[("HandlerBatches", ())] == 1
     assert values[("HandlerDecodeMs", ())] == 1.5 and values[("HandlerInferenceMs", ())] == 20.0
     assert values[("HandlerRejectedRequests", (("Reason", "NotAnImage"),))] == 2
+
+
+def test_describe_names_the_server_a_worker_belongs_to_by_its_parent_process(tiny_classifier):
+    frontend = tiny_classifier.describe()["frontend"]
+    parent = psutil.Process().parent()
+    assert frontend["pid"] == os.getppid() == parent.pid
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(parent.create_time()))
+    assert frontend["started"] == started

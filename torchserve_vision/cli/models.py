@@ -31,12 +31,13 @@ from torchserve_vision.rollout import (
     WORKERS_DEADLINE_MARGIN_S,
     RolloutError,
     RolloutPlan,
+    abort,
     rollback,
     rollout,
     scale,
     wait_for_workers,
 )
-from torchserve_vision.rollout_history import record
+from torchserve_vision.rollout_history import Journal, half_done_text
 from torchserve_vision.server_state import default_version, local_gpu_count
 
 DESCRIPTION = """\
@@ -54,6 +55,7 @@ and safe versioned rollouts and rollbacks (each undone on failure, recorded for 
   torchserve-vision models rollout efficientnet_lite0 --same-archive --batch-size 16 \\
       --max-batch-delay 5          # new batch settings, rolled out as a new version
   torchserve-vision models rollback efficientnet_lite0 --dry-run
+  torchserve-vision models rollout efficientnet_lite0 --abort   # undo what a dead command left
 
 A subcommand that acts on one model takes its name first. --dry-run prints the calls that would
 change the server (reads still run). Exit status: 0 done, 1 the server refused or a rollout
@@ -125,7 +127,10 @@ def command_list(client: TorchServeClient, args: argparse.Namespace) -> None:
     models = client.list_models()
     described = [v for m in models for v in client.describe(m["modelName"], "all")]
     lines = [line for d in described for line in describe_lines(d)] or ["no models registered"]
-    show(described, args.json, lines)
+    journal = Journal(args.history)
+    half_done = [half_done_text(entry) for entry in
+                 filter(None, (journal.pending(m["modelName"]) for m in models))]
+    show(described, args.json, lines + [f"half-done: {text}" for text in half_done])
 
 
 def command_describe(client: TorchServeClient, args: argparse.Namespace) -> None:
@@ -160,10 +165,8 @@ def command_scale(client: TorchServeClient, args: argparse.Namespace) -> None:
 def scale_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     current = client.describe(args.model, args.version)[0]
     low, high = worker_counts(args, client, (current["minWorkers"], current["maxWorkers"]))
-    entry = scale(client, args.model, current["modelVersion"], low, high, args.model_store,
-                  photo_path().read_bytes(), print, args.timeout)
-    if entry is not None and not client.dry_run:
-        record(args.history, entry)
+    scale(client, args.model, current["modelVersion"], low, high, args.model_store,
+          photo_path().read_bytes(), print, args.timeout, Journal(args.history))
 
 
 def command_set_default(client: TorchServeClient, args: argparse.Namespace) -> None:
@@ -199,6 +202,14 @@ def command_rollout(client: TorchServeClient, args: argparse.Namespace) -> None:
 
 
 def rollout_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
+    if args.abort:
+        if args.archive or args.same_archive:
+            raise RolloutError("--abort undoes the half-done change recorded for the model: give "
+                               "no archive")
+        entry = abort(client, args.model, Journal(args.history), args.model_store,
+                      rollout_plan(client, args, archive=""), print)
+        print(f"aborted the {entry.kind} of {args.model} to {entry.to_version}")
+        return
     archive = args.archive
     if args.same_archive:
         current = default_version(client, args.model)
@@ -215,9 +226,7 @@ def rollout_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     if client.dry_run and args.same_archive:
         print(f"[dry-run] would copy {plan.archive} and roll it out with {plan.settings}")
         return
-    entry = rollout(client, plan, args.model_store, print)
-    if not client.dry_run:
-        record(args.history, entry)
+    entry = rollout(client, plan, args.model_store, print, Journal(args.history))
     print(f"rolled out {args.model} {entry.to_version} (was {entry.from_version})")
 
 
@@ -228,11 +237,9 @@ def command_rollback(client: TorchServeClient, args: argparse.Namespace) -> None
 
 def rollback_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     template = rollout_plan(client, args, archive="")
-    entry = rollback(client, args.model, args.history, args.model_store, template, print)
+    entry = rollback(client, args.model, Journal(args.history), args.model_store, template, print)
     if entry is None:
         return
-    if not client.dry_run:
-        record(args.history, entry)
     print(f"rolled back {args.model} to {entry.to_version}")
 
 
@@ -307,6 +314,10 @@ def register(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("--compare-with-current", action="store_true",
                              help="smoke test passes only with the current version's top label")
             sub.add_argument("--keep-old", action="store_true", help="leave the old version registered")
+            sub.add_argument("--abort", action="store_true",
+                             help="undo the change of the model that a command which died "
+                                  "half-way left (recorded in the history): the version it "
+                                  "started from serves again, the new one is unregistered")
         add_batching(sub)
         add_workers(sub, with_total=True)
         sub.add_argument("--smoke-image", type=Path, default=photo_path(),
@@ -315,7 +326,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--drain-grace", type=float, default=2.0,
                          help="seconds to wait after the old queue empties, for its last batch")
         sub.set_defaults(expect_label=None, compare_with_current=False, keep_old=False,
-                         same_archive=False, archive=None)
+                         same_archive=False, archive=None, abort=False)
     parser.set_defaults(run=run)
 
 

@@ -9,6 +9,7 @@ The "slow" version sleeps in `initialize` before loading, like a version with a 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,7 +35,13 @@ from torchserve_vision.model_descriptions import (
     parse_description,
     resolve_labels,
 )
-from torchserve_vision.rollout import RolloutError, RolloutPlan, rollout, wait_for_workers
+from torchserve_vision.rollout import (
+    RolloutError,
+    RolloutPlan,
+    rollout,
+    wait_for_drain,
+    wait_for_workers,
+)
 from torchserve_vision.server_process import TorchServeInstance
 from torchserve_vision.server_state import served_default_version, versions_of
 from torchserve_vision.waiting import wait_until
@@ -200,30 +207,6 @@ def test_a_rollout_to_a_registered_version_is_refused_without_changes(client, ar
     assert served_default_version(client, MODEL)["modelVersion"] == "1.0"
 
 
-def test_a_rollout_killed_after_registering_finishes_when_run_again(client, archives, rollout_server,
-                                                                    model_store, tmp_path):
-    """SIGKILL of the command right after it registered the new version (no undo can run), then
-    the same command again: it takes up from the registered version and finishes, under load."""
-    history = tmp_path / "history.json"
-    arguments = models_command(rollout_server, model_store, history, "rollout", MODEL, archives["v2"])
-    with load_on_server(client) as load:
-        load.wait_for(10)
-        process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: len(versions_of(client, MODEL)) == 2, 60, "the new version's registration",
-                   interval_s=0.1)
-        process.kill()
-        process.wait(timeout=30)
-        assert served_default_version(client, MODEL)["modelVersion"] == "1.0"
-        done = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
-        load.wait_for(10)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    assert "earlier run stopped half-way" in done.stdout
-    assert load.failures() == []
-    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["2.0"]
-    assert [(e["from_version"], e["to_version"], e["state"]) for e in json.loads(history.read_text())] \
-        == [("1.0", "2.0", "done")]
-
-
 def models_command(server: TorchServeInstance, store: Path, history: Path, *args: str) -> list[str]:
     """`torchserve-vision models ...` as its own process (to be killed), with the test's batch
     settings and one worker."""
@@ -235,74 +218,77 @@ def models_command(server: TorchServeInstance, store: Path, history: Path, *args
 
 def killed_once(arguments: list[str], reached: Callable[[], bool], point: str) -> None:
     """Start the command, SIGKILL it as soon as `reached()` holds (polled every 50 ms)."""
-    process = subprocess.Popen(arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(reached, 120, point, interval_s=0.05)
+    killed_at(arguments, lambda _said: reached(), point)
+
+
+def killed_at(arguments: list[str], reached: Callable[[list[str]], bool], point: str) -> None:
+    """Start the command, SIGKILL it as soon as `reached(lines it has printed so far)` holds."""
+    process = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    said: list[str] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            said.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_until(lambda: reached(said), 120, point, interval_s=0.05)
     process.kill()
     process.wait(timeout=30)
+    reader.join(timeout=30)
 
 
-def test_a_rollout_killed_after_becoming_the_default_finishes_when_run_again(
-        client, archives, rollout_server, model_store, tmp_path):
-    """Killed while it waits for the old version to drain (v2 serves, v1 still registered): the
-    same command again retires v1 and records the rollout as done."""
+def said_line_ending(text: str) -> Callable[[TorchServeClient, list[str]], bool]:
+    return lambda _client, said: any(line.rstrip().endswith(text) for line in said)
+
+
+# Where a rollout of v2 is killed: after each step it takes; the last one is staged (the command
+# is killed once v2 is the default, and the test retires v1 as the command would have).
+ROLLOUT_KILL_POINTS = {
+    "after registering": lambda client, _said: len(versions_of(client, MODEL)) == 2,
+    "after its workers are ready": said_line_ending("1 worker(s) ready; smoke test"),
+    "after set-default, during the drain": said_line_ending(f"{MODEL} 2.0 is the default"),
+    "after unregistering the old version": said_line_ending(f"{MODEL} 2.0 is the default"),
+}
+
+
+@pytest.mark.parametrize("then", ["run again", "abort"])
+@pytest.mark.parametrize("point", ROLLOUT_KILL_POINTS)
+def test_a_rollout_killed_at_any_step_finishes_when_run_again_or_is_aborted(
+        client, archives, rollout_server, model_store, tmp_path, capsys, point, then):
+    """SIGKILL of the real command under load (no undo can run). `models list` shows the
+    half-done rollout; the same command again brings v2, `--abort` v1 back; zero failed
+    requests, no version left over, one history entry."""
     history = tmp_path / "history.json"
     arguments = models_command(rollout_server, model_store, history, "rollout", MODEL, archives["v2"])
     with load_on_server(client) as load:
         load.wait_for(10)
-        killed_once(arguments, lambda: served_default_version(client, MODEL)["modelVersion"] == "2.0",
-                    "v2 to become the default")
-        assert sorted(v["modelVersion"] for v in versions_of(client, MODEL)) == ["1.0", "2.0"]
+        killed_at(arguments, lambda said: ROLLOUT_KILL_POINTS[point](client, said), point)
+        if point == "after unregistering the old version":
+            wait_for_drain(client, MODEL, "1.0", 60, 2.0)
+            client.unregister(MODEL, "1.0")
         assert states(history) == ["started"]
-        done = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
-        load.wait_for(10)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    assert "became the default in an earlier run" in done.stdout
-    assert load.failures() == []
-    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["2.0"]
-    assert states(history) == ["done"]
-
-
-def test_a_rollout_killed_half_way_is_shown_and_undone_by_abort(client, archives, rollout_server,
-                                                                model_store, tmp_path, capsys):
-    """Killed after registering v2: `models list` shows the half-done rollout and how to finish
-    or undo it; `models rollout --abort` unregisters v2 and leaves v1 serving, under load."""
-    history = tmp_path / "history.json"
-    with load_on_server(client) as load:
-        load.wait_for(10)
-        killed_once(models_command(rollout_server, model_store, history, "rollout", MODEL,
-                                   archives["v2"]),
-                    lambda: len(versions_of(client, MODEL)) == 2, "v2's registration")
         capsys.readouterr()
         assert cli(rollout_server, model_store, history, "list") == 0
         listed = capsys.readouterr().out
         assert "half-done: a rollout of efficientnet_lite0 from 1.0 to 2.0" in listed
         assert "models rollout --abort efficientnet_lite0" in listed
-        assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
-        load.wait_for(10)
-    assert "aborted the rollout of efficientnet_lite0 to 2.0" in capsys.readouterr().out
-    assert load.failures() == []
-    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
-    assert served_default_version(client, MODEL)["modelVersion"] == "1.0"
-    assert states(history) == ["aborted"]
-    assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 1
-
-
-def test_an_abort_after_the_new_version_became_the_default_puts_the_old_one_back(
-        client, archives, rollout_server, model_store, tmp_path):
-    history = tmp_path / "history.json"
-    with load_on_server(client) as load:
-        load.wait_for(10)
-        killed_once(models_command(rollout_server, model_store, history, "rollout", MODEL,
-                                   archives["v2"]),
-                    lambda: served_default_version(client, MODEL)["modelVersion"] == "2.0",
-                    "v2 to become the default")
-        assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
-        aborted_at = time.monotonic()
+        if then == "run again":
+            done = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, (done.stdout, done.stderr)
+        else:
+            assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
+        settled_at = time.monotonic()
         load.wait_for(10)
     assert load.failures() == []
-    assert {len(o.body) for o in load.outcomes if o.sent_at > aborted_at} == {V1_LENGTH}
-    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
-    assert states(history) == ["aborted"]
+    serving, length = ("2.0", V2_LENGTH) if then == "run again" else ("1.0", V1_LENGTH)
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == [serving]
+    assert {len(o.body) for o in load.outcomes if o.sent_at > settled_at} == {length}
+    assert states(history) == ["done" if then == "run again" else "aborted"]
+    if then == "abort":
+        assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 1
 
 
 @pytest.mark.parametrize("then", ["run again", "abort"])

@@ -240,22 +240,33 @@ def killed_at(arguments: list[str], reached: Callable[[list[str]], bool], point:
     reader.join(timeout=30)
 
 
-def said_line_ending(text: str) -> Callable[[TorchServeClient, list[str]], bool]:
-    return lambda _client, said: any(line.rstrip().endswith(text) for line in said)
+def kill_point_reached(point: str, client: TorchServeClient, new_version: str,
+                       said: list[str]) -> bool:
+    """Whether a change bringing `new_version` (from one other version) has passed `point`: one
+    of KILL_POINTS."""
+    if point == "after registering":
+        return len(versions_of(client, MODEL)) == 2
+    ending = {"after its workers are ready": "1 worker(s) ready; smoke test"}.get(
+        point, f"{MODEL} {new_version} is the default")
+    return any(line.rstrip().endswith(ending) for line in said)
 
 
-# Where a rollout of v2 is killed: after each step it takes; the last one is staged (the command
-# is killed once v2 is the default, and the test retires v1 as the command would have).
-ROLLOUT_KILL_POINTS = {
-    "after registering": lambda client, _said: len(versions_of(client, MODEL)) == 2,
-    "after its workers are ready": said_line_ending("1 worker(s) ready; smoke test"),
-    "after set-default, during the drain": said_line_ending(f"{MODEL} 2.0 is the default"),
-    "after unregistering the old version": said_line_ending(f"{MODEL} 2.0 is the default"),
-}
+# Where a change is killed: after each step it takes; the last one is staged (the command is
+# killed once the new version is the default, and the test retires the old one as it would).
+KILL_POINTS = ("after registering", "after its workers are ready",
+               "after set-default, during the drain", "after unregistering the old version")
+
+
+def kill_change_at(point: str, arguments: list[str], client: TorchServeClient, old_version: str,
+                   new_version: str) -> None:
+    killed_at(arguments, lambda said: kill_point_reached(point, client, new_version, said), point)
+    if point == "after unregistering the old version":
+        wait_for_drain(client, MODEL, old_version, 60, 2.0)
+        client.unregister(MODEL, old_version)
 
 
 @pytest.mark.parametrize("then", ["run again", "abort"])
-@pytest.mark.parametrize("point", ROLLOUT_KILL_POINTS)
+@pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_rollout_killed_at_any_step_finishes_when_run_again_or_is_aborted(
         client, archives, rollout_server, model_store, tmp_path, capsys, point, then):
     """SIGKILL of the real command under load (no undo can run). `models list` shows the
@@ -265,10 +276,7 @@ def test_a_rollout_killed_at_any_step_finishes_when_run_again_or_is_aborted(
     arguments = models_command(rollout_server, model_store, history, "rollout", MODEL, archives["v2"])
     with load_on_server(client) as load:
         load.wait_for(10)
-        killed_at(arguments, lambda said: ROLLOUT_KILL_POINTS[point](client, said), point)
-        if point == "after unregistering the old version":
-            wait_for_drain(client, MODEL, "1.0", 60, 2.0)
-            client.unregister(MODEL, "1.0")
+        kill_change_at(point, arguments, client, "1.0", "2.0")
         assert states(history) == ["started"]
         capsys.readouterr()
         assert cli(rollout_server, model_store, history, "list") == 0
@@ -292,25 +300,28 @@ def test_a_rollout_killed_at_any_step_finishes_when_run_again_or_is_aborted(
 
 
 @pytest.mark.parametrize("then", ["run again", "abort"])
-def test_a_rollback_killed_half_way_finishes_when_run_again_or_is_aborted(
-        client, archives, rollout_server, model_store, tmp_path, then):
-    """v2 rolled out (v1 retired); its rollback re-registers v1 from its archive and is killed
-    once v1 is registered. Run again: v1 serves, v2 is retired. Aborted: v2 serves, v1 is gone."""
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_rollback_killed_at_any_step_finishes_when_run_again_or_is_aborted(
+        client, archives, rollout_server, model_store, tmp_path, point, then):
+    """v2 rolled out (v1 retired); its rollback re-registers v1 from its archive and is killed.
+    Run again: v1 serves, v2 is retired. Aborted: v2 serves, v1 is gone."""
     history = tmp_path / "history.json"
     assert cli(rollout_server, model_store, history, "rollout", MODEL, archives["v2"]) == 0
     with load_on_server(client) as load:
         load.wait_for(10)
-        killed_once(models_command(rollout_server, model_store, history, "rollback", MODEL),
-                    lambda: len(versions_of(client, MODEL)) == 2, "v1's registration")
+        kill_change_at(point, models_command(rollout_server, model_store, history, "rollback", MODEL),
+                       client, "2.0", "1.0")
         assert states(history) == ["done", "started"]
         if then == "run again":
             assert cli(rollout_server, model_store, history, "rollback", MODEL) == 0
         else:
             assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
+        settled_at = time.monotonic()
         load.wait_for(10)
     assert load.failures() == []
-    serving = "1.0" if then == "run again" else "2.0"
+    serving, length = ("1.0", V1_LENGTH) if then == "run again" else ("2.0", V2_LENGTH)
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == [serving]
+    assert {len(o.body) for o in load.outcomes if o.sent_at > settled_at} == {length}
     assert states(history) == ["done", "done" if then == "run again" else "aborted"]
 
 

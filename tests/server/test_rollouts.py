@@ -265,6 +265,16 @@ def kill_change_at(point: str, arguments: list[str], client: TorchServeClient, o
         client.unregister(MODEL, old_version)
 
 
+def assert_only_serving(client: TorchServeClient, load: ContinuousLoad, settled_at: float,
+                        version: str) -> None:
+    """No request failed, `version` is the only one registered, and it answered every request
+    sent after `settled_at`."""
+    assert load.failures() == []
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == [version]
+    length = {"1.0": V1_LENGTH, "2.0": V2_LENGTH}[version]
+    assert {len(o.body) for o in load.outcomes if o.sent_at > settled_at} == {length}
+
+
 @pytest.mark.parametrize("then", ["run again", "abort"])
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_rollout_killed_at_any_step_finishes_when_run_again_or_is_aborted(
@@ -290,10 +300,7 @@ def test_a_rollout_killed_at_any_step_finishes_when_run_again_or_is_aborted(
             assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
         settled_at = time.monotonic()
         load.wait_for(10)
-    assert load.failures() == []
-    serving, length = ("2.0", V2_LENGTH) if then == "run again" else ("1.0", V1_LENGTH)
-    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == [serving]
-    assert {len(o.body) for o in load.outcomes if o.sent_at > settled_at} == {length}
+    assert_only_serving(client, load, settled_at, "2.0" if then == "run again" else "1.0")
     assert states(history) == ["done" if then == "run again" else "aborted"]
     if then == "abort":
         assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 1
@@ -318,10 +325,7 @@ def test_a_rollback_killed_at_any_step_finishes_when_run_again_or_is_aborted(
             assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
         settled_at = time.monotonic()
         load.wait_for(10)
-    assert load.failures() == []
-    serving, length = ("1.0", V1_LENGTH) if then == "run again" else ("2.0", V2_LENGTH)
-    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == [serving]
-    assert {len(o.body) for o in load.outcomes if o.sent_at > settled_at} == {length}
+    assert_only_serving(client, load, settled_at, "1.0" if then == "run again" else "2.0")
     assert states(history) == ["done", "done" if then == "run again" else "aborted"]
 
 

@@ -20,7 +20,13 @@ from handlers.batch_record import BatchRecord
 from handlers.model.classifier_model import ClassifierModel
 from handlers.model.pipeline_settings import CascadeSettings, StageArchive, parse_cascade_settings
 from handlers.request.cascade_options import OPTION_FIELDS, CascadeOptions, parse_cascade_options
-from handlers.request.inference_protocol import TensorOutput, classification_outputs, tensor
+from handlers.request.inference_protocol import (
+    CLASSIFICATION_OUTPUTS,
+    OutputSpec,
+    TensorOutput,
+    classification_outputs,
+    tensor,
+)
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.task.cascade import CascadeInput, CascadeOutput, confidences, escalated
@@ -97,6 +103,9 @@ class ClassificationCascadeHandler(
         scores = [ClassScore(label=a["label"], index=a["index"], probability=a["probability"])
                   for a in answer]
         return [*classification_outputs(scores), tensor("model", "BYTES", [1], [answer[0]["model"]])]
+
+    def v2_output_specs(self) -> Sequence[OutputSpec]:
+        return (*CLASSIFICATION_OUTPUTS, OutputSpec("model", "BYTES", (1,)))
 
     def warm_up(self, batch_size: int) -> None:
         self.first.warm_up(batch_size)

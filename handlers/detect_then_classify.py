@@ -27,7 +27,13 @@ from handlers.request.detect_classify_options import (
     DetectClassifyOptions,
     parse_detect_classify_options,
 )
-from handlers.request.inference_protocol import TensorOutput, detection_outputs, tensor
+from handlers.request.inference_protocol import (
+    DETECTION_OUTPUTS,
+    OutputSpec,
+    TensorOutput,
+    detection_outputs,
+    tensor,
+)
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.task.box_crops import crop_boxes
@@ -116,6 +122,11 @@ class DetectThenClassifyHandler(
                        [score["label"] for row in scores for score in row]),
                 tensor("class_probabilities", "FP32", [len(classified), k],
                        [score["probability"] for row in scores for score in row])]
+
+    def v2_output_specs(self) -> Sequence[OutputSpec]:
+        return (*DETECTION_OUTPUTS, OutputSpec("classified", "INT64", (-1,), ragged=True),
+                OutputSpec("class_labels", "BYTES", (-1, -1), ragged=True),
+                OutputSpec("class_probabilities", "FP32", (-1, -1), ragged=True))
 
     def warm_up(self, batch_size: int) -> None:
         self.detector.warm_up(batch_size)

@@ -21,7 +21,12 @@ from handlers.request.classification_options import (
     ClassificationOptions,
     parse_classification_options,
 )
-from handlers.request.inference_protocol import TensorOutput, classification_outputs
+from handlers.request.inference_protocol import (
+    CLASSIFICATION_OUTPUTS,
+    OutputSpec,
+    TensorOutput,
+    classification_outputs,
+)
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.task.classification import ClassScore, top_k_classes
@@ -66,6 +71,9 @@ class ImageClassifierHandler(
 
     def v2_outputs(self, answer: list[ClassScore]) -> list[TensorOutput]:
         return classification_outputs(answer)
+
+    def v2_output_specs(self) -> Sequence[OutputSpec]:
+        return CLASSIFICATION_OUTPUTS
 
     def warm_up(self, batch_size: int) -> None:
         self.classifier.warm_up(batch_size)

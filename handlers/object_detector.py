@@ -17,7 +17,12 @@ from typing import Any
 from handlers.model.detector_model import DetectorModel
 from handlers.model.settings import DetectorSettings, parse_detector_settings
 from handlers.request.detection_options import OPTION_FIELDS, parse_detection_options
-from handlers.request.inference_protocol import TensorOutput, detection_outputs
+from handlers.request.inference_protocol import (
+    DETECTION_OUTPUTS,
+    OutputSpec,
+    TensorOutput,
+    detection_outputs,
+)
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.task.detection import Detection, DetectionOptions, DetectorInput, format_detections
@@ -57,6 +62,9 @@ class ObjectDetectorHandler(
 
     def v2_outputs(self, answer: list[Detection]) -> list[TensorOutput]:
         return detection_outputs(answer)
+
+    def v2_output_specs(self) -> Sequence[OutputSpec]:
+        return DETECTION_OUTPUTS
 
     def warm_up(self, batch_size: int) -> None:
         self.detector.warm_up(batch_size)

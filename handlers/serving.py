@@ -42,7 +42,12 @@ from handlers.model.settings import (
     parse_torch_threads,
 )
 from handlers.request.decode import decode_image_bytes
-from handlers.request.inference_protocol import TensorOutput
+from handlers.request.inference_protocol import (
+    IMAGE_INPUT_METADATA,
+    OutputSpec,
+    TensorOutput,
+    output_metadata,
+)
 from handlers.request.protocol_stage import ProtocolStage
 from handlers.request.request_body import extract_images
 from handlers.request_slot import DecodedImage, HeaderReader, ParsedRequest, RequestSlot, open_slots
@@ -155,12 +160,15 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
 
     def describe(self) -> dict[str, Any]:
         """This worker's answer to `GET /models/{m}/{v}?customized=true` (TorchServe shows it as
-        `customizedMetadata`): device, precision, batch bound, the runner of each network, and the
-        TorchServe frontend it serves (rollout history entries name their server by it)."""
+        `customizedMetadata`): device, precision, batch bound, the runner of each network, the
+        TorchServe frontend it serves (rollout history entries name their server by it), and
+        the model's Open Inference Protocol metadata (`v2`: its input and outputs)."""
         return {"device": str(self.device), "precision": self.precision,
                 "max_batch_size": self.max_batch_size, "runner": self.runner,
                 "runners": {role: choice.describe() for role, choice in self.runners.items()},
-                "frontend": frontend_identity()}
+                "frontend": frontend_identity(),
+                "v2": {"inputs": [IMAGE_INPUT_METADATA],
+                       "outputs": output_metadata(self.v2_output_specs())}}
 
     def handle(self, data: Sequence[Mapping[str, Any]], context: TorchServeContext) -> Any:
         """TorchServe's entry point: `handle_batch`'s answers, or, in TorchServe's asynchronous
@@ -333,6 +341,10 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
     @abstractmethod
     def v2_outputs(self, answer: Any) -> list[TensorOutput]:
         """One request's answer (as `postprocess` gave it) as Open Inference Protocol tensors."""
+
+    @abstractmethod
+    def v2_output_specs(self) -> Sequence[OutputSpec]:
+        """What `v2_outputs` gives, for the model's v2 metadata (see `describe`)."""
 
     def parse_request(self, row: Mapping[str, Any], header: HeaderReader) -> ParsedRequest[Options]:
         """One request's encoded images and options (parsed once: they key the cache and drive

@@ -222,6 +222,42 @@ def v2_error(error: ClientError) -> dict[str, str]:
     return {"error": error.message}
 
 
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output tensor as a model's v2 metadata declares it. `shape` is one image's, -1 where it
+    depends on the request (a classifier's top_k) or on the image (the boxes found); `ragged`:
+    it may differ from image to image within one request, so a request of several images gets
+    it padded and followed by `<name>_shapes` (see `stacked_outputs`)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    ragged: bool = False
+
+
+# Every handler takes encoded images: BYTES of shape [n] (UINT8 of one image: the DALI convention).
+IMAGE_INPUT_METADATA: dict[str, Any] = {"name": "image", "datatype": "BYTES", "shape": [-1]}
+CLASSIFICATION_OUTPUTS = (OutputSpec("labels", "BYTES", (-1,)),
+                          OutputSpec("probabilities", "FP32", (-1,)),
+                          OutputSpec("class_ids", "INT64", (-1,)))
+DETECTION_OUTPUTS = (OutputSpec("boxes", "FP32", (-1, 4), ragged=True),
+                     OutputSpec("scores", "FP32", (-1,), ragged=True),
+                     OutputSpec("labels", "BYTES", (-1,), ragged=True),
+                     OutputSpec("class_ids", "INT64", (-1,), ragged=True))
+
+
+def output_metadata(specs: Sequence[OutputSpec]) -> list[dict[str, Any]]:
+    """The `outputs` of a model's v2 metadata: each output with the leading dimension of the
+    request's images, and `<name>_shapes` after each ragged one."""
+    outputs: list[dict[str, Any]] = []
+    for spec in specs:
+        outputs.append({"name": spec.name, "datatype": spec.datatype, "shape": [-1, *spec.shape]})
+        if spec.ragged:
+            outputs.append({"name": f"{spec.name}_shapes", "datatype": "INT64",
+                            "shape": [-1, len(spec.shape)]})
+    return outputs
+
+
 def classification_outputs(scores: Sequence[Mapping[str, Any]]) -> list[TensorOutput]:
     """The top-k of one image as three tensors of shape [k]: labels, probabilities, class ids."""
     k = len(scores)

@@ -20,6 +20,7 @@ from handlers.request.cascade_options import CascadeOptions, parse_cascade_optio
 from handlers.task.cascade import confidences, escalated
 from tests.archives import extract_archive, initialized
 from tests.images import photo_bytes
+from tests.v2_metadata import assert_outputs_follow_metadata
 from torchserve_vision.archives.build import BuildError, build_archive
 from torchserve_vision.lab.local_handler import LocalContext, archive_context
 from torchserve_vision.model_descriptions import parse_description
@@ -214,3 +215,12 @@ def test_the_serving_labs_profiler_runs_a_cascade_archive(store):
 
     profile = profile_archive(store / "tiny_cascade-1.0.mar", 2, 1, photo_bytes("coffee.png"), "coffee")
     assert profile.batch_sizes == [1, 2] and all(ms > 0 for ms in profile.handler_ms)
+
+
+def test_the_v2_metadata_declares_what_the_cascade_answers(handlers):
+    cascade = handlers[0]
+    body = {"inputs": [{"name": "image", "shape": [2], "datatype": "BYTES",
+                        "data": [as_json(name)["data"] for name in PHOTOS[:2]]}]}
+    (answer,), context = run(cascade, [body])
+    assert context.status(0) == 200
+    assert_outputs_follow_metadata(answer["outputs"], cascade.describe()["v2"], images=2)

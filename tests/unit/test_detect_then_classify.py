@@ -24,6 +24,7 @@ from handlers.task.detection import format_detections
 from tests.archives import extract_archive, initialized
 from tests.detections import assert_same_detections, rows_from_answer
 from tests.images import encode, photo_bytes, textured_rgb
+from tests.v2_metadata import assert_outputs_follow_metadata
 from torchserve_vision.archives.build import BuildError, build_archive
 from torchserve_vision.lab.local_handler import LocalContext, archive_context
 from torchserve_vision.model_descriptions import parse_description
@@ -174,3 +175,16 @@ def test_the_stages_must_be_a_detector_and_a_classifier(store, tmp_path):
         "stages": {"detector": "tiny_classifier-1.0", "classifier": "tiny_detector-1.0"}})
     with pytest.raises(BuildError, match="must be a detection archive"):
         build_archive(swapped, tmp_path)
+
+
+@pytest.mark.parametrize("which", ["pipeline", "detector"])
+def test_the_v2_metadata_declares_what_the_detectors_answer_for_images_with_more_and_fewer_boxes(
+        handlers, which):
+    handler = handlers[0] if which == "pipeline" else handlers[1]
+    data = [base64.b64encode(photo_bytes(name)).decode() for name in PHOTOS[:3]]
+    body = {"inputs": [{"name": "image", "shape": [3], "datatype": "BYTES", "data": data}]}
+    (answer,), context = run(handler, [body])
+    assert context.status(0) == 200
+    names = {output["name"] for output in answer["outputs"]}
+    assert "boxes_shapes" in names          # the photos have different numbers of boxes
+    assert_outputs_follow_metadata(answer["outputs"], handler.describe()["v2"], images=3)

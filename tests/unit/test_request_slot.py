@@ -66,6 +66,9 @@ class DigitHandler(BatchedImageHandler[int, list[int], list[int], Any]):
     def v2_outputs(self, answer: Any) -> list[dict[str, Any]]:
         return []
 
+    def v2_output_specs(self) -> tuple[()]:
+        return ()
+
 
 def handle(handler: DigitHandler, bodies: list[str]) -> tuple[list[Any], LocalContext]:
     context = LocalContext(".", {}, {})

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.images import photo_bytes
+from tests.v2_metadata import assert_outputs_follow_metadata
 from torchserve_vision.lab.local_handler import LocalContext, archive_context
 
 PHOTOS = ("chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png")
@@ -93,3 +94,10 @@ def test_a_v2_request_of_n_images_answers_outputs_that_lead_with_n(tiny_classifi
     alone = [run(tiny_classifier, [bytearray(photo_bytes(name))])[0][0]
              for name in ("chelsea.png", "rocket.jpg")]
     assert outputs["labels"]["data"] == [score["label"] for answer in alone for score in answer[:3]]
+
+
+def test_the_v2_metadata_declares_what_the_classifier_answers(tiny_classifier):
+    body = {"inputs": [{"name": "image", "shape": [2], "datatype": "BYTES",
+                        "data": [b64("chelsea.png"), b64("rocket.jpg")]}]}
+    (answer,), _ = run(tiny_classifier, [body])
+    assert_outputs_follow_metadata(answer["outputs"], tiny_classifier.describe()["v2"], images=2)

@@ -33,7 +33,6 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from torchserve_vision.lab.compare import register, unregister_all
 from torchserve_vision.lab.echo_archive import ECHO, ECHO_ASYNC, build_echo_archive
 from torchserve_vision.lab.loadgen import (
     KeepAliveHandler,
+    LabHTTPServer,
     LoadTarget,
     Report,
     run_closed_loop,
@@ -110,8 +110,7 @@ def single_session_server(handler: Any, model_dir: str) -> Iterator[str]:
             self.end_headers()
             self.wfile.write(answer)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    server.daemon_threads = True
+    server = LabHTTPServer(("127.0.0.1", 0), Answer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/predictions/single"

@@ -263,8 +263,17 @@ class _InstantHandler(KeepAliveHandler):
         self.wfile.write(b"[]")
 
 
+class LabHTTPServer(ThreadingHTTPServer):
+    """The lab's local HTTP servers: a thread per connection, and a listen backlog deep enough
+    for an open-loop burst (the standard library's 5 refuses connections when the accepting
+    thread is slow to run on a busy machine, which the load generator would count as errors)."""
+
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def instant_server() -> tuple[ThreadingHTTPServer, str]:
     """A local server that answers every POST at once (to measure the client, not a model)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _InstantHandler)
+    server = LabHTTPServer(("127.0.0.1", 0), _InstantHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/predictions/instant"

@@ -22,11 +22,14 @@ def is_describe_request(data: Sequence[Mapping[str, Any]], context: TorchServeCo
     `describe: True`. A client's request that carries the header with an image is predicted as
     usual, and one request's header never decides for a batch of several."""
     return (len(data) == 1 and not any(data[0].values())
-            and context.get_request_header(0, DESCRIBE_HEADER) == "True")
+            and header_reader(context, 0)(DESCRIBE_HEADER) == "True")
 
 
 def header_reader(context: TorchServeContext, index: int) -> HeaderReader:
-    return lambda name: context.get_request_header(index, name)
+    """Request `index`'s headers by name, in any case: TorchServe hands them over as the client
+    spelled them, and HTTP/2 clients and proxies (HAProxy, Envoy) send them in lower case."""
+    headers = {name.lower(): value for name, value in context.get_all_request_header(index).items()}
+    return lambda name: headers.get(name.lower())
 
 
 def required_serialized_file(serialized_file: str | None) -> str:
@@ -64,7 +67,7 @@ class TorchServeContext(Protocol):
     @property
     def system_properties(self) -> dict[str, Any]: ...
 
-    def get_request_header(self, idx: int, key: str) -> str | None: ...
+    def get_all_request_header(self, idx: int) -> dict[str, str]: ...
 
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None: ...
 

@@ -108,3 +108,15 @@ def test_describe_names_the_server_a_worker_belongs_to_by_its_parent_process(tin
     assert frontend["pid"] == os.getppid() == parent.pid
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(parent.create_time()))
     assert frontend["started"] == started
+
+
+def test_request_headers_are_read_in_any_case(tiny_classifier):
+    """HTTP/2 clients and proxies such as HAProxy and Envoy send header names in lower case;
+    TorchServe hands them to the handler as sent."""
+    image = photo_bytes("chelsea.png")
+    spellings = [{"X-Top-K": "2"}, {"x-top-k": "2"}, {"X-TOP-K": "2"}]
+    context = archive_context(tiny_classifier.model_dir, request_headers=spellings)
+    served = [json.loads(body) for body in
+              tiny_classifier.handle([{"body": bytearray(image)} for _ in spellings], context)]
+    assert [len(answer) for answer in served] == [2, 2, 2]
+    assert served[0] == served[1] == served[2]

@@ -38,10 +38,8 @@ class LocalContext:
     def system_properties(self) -> dict[str, Any]:
         return self._system_properties
 
-    def get_request_header(self, idx: int, key: str) -> str | None:
-        if idx < len(self.request_headers):
-            return self.request_headers[idx].get(key)
-        return None
+    def get_all_request_header(self, idx: int) -> dict[str, str]:
+        return dict(self.request_headers[idx]) if idx < len(self.request_headers) else {}
 
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         self.statuses[idx] = (code, phrase)

@@ -10,6 +10,10 @@ load balancer: no credentials needed, nothing revealed beyond ready / not ready 
 - `GET /live`: 200 while this process runs and the TorchServe frontend it started is alive (or
   still starting). It asks TorchServe nothing, so a pod busy with a long queue is never restarted
   for being slow; a dead frontend ends `server run` anyway, and the container restarts.
+- With model endpoints (`server run --front-port`): `GET /v2/models/{m}[/versions/{v}][/ready]`
+  of the Open Inference Protocol (torchserve_vision.v2_model_endpoints), which the front proxy
+  routes here from the inference address; those ask for TorchServe's inference key when token
+  authorization is on.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from torchserve_vision.v2_model_endpoints import V2ModelEndpoints, is_model_endpoint
 
 NOT_STARTED = "TorchServe is starting"
 
@@ -60,8 +66,10 @@ class ProbeHandler(BaseHTTPRequestHandler):
     server: ProbeServer
 
     def do_GET(self) -> None:
-        health = self.server.health
-        if self.path == "/ready":
+        health, endpoints = self.server.health, self.server.model_endpoints
+        if endpoints is not None and is_model_endpoint(self.path):
+            self.answer(*endpoints.answer(self.path, dict(self.headers.items())))
+        elif self.path == "/ready":
             reason = health.not_ready_reason()
             self.answer(200 if reason is None else 503,
                         {"ready": reason is None, **({"reason": reason} if reason else {})})
@@ -86,8 +94,9 @@ class ProbeHandler(BaseHTTPRequestHandler):
 class ProbeServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], health: PodHealth) -> None:
-        self.health = health
+    def __init__(self, address: tuple[str, int], health: PodHealth,
+                 model_endpoints: V2ModelEndpoints | None = None) -> None:
+        self.health, self.model_endpoints = health, model_endpoints
         super().__init__(address, ProbeHandler)
 
 
@@ -98,12 +107,13 @@ class ProbeEndpoint:
     health: PodHealth
     host: str
     port: int
+    model_endpoints: V2ModelEndpoints | None = None
     _server: ProbeServer | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def __enter__(self) -> ProbeEndpoint:
-        self._server = ProbeServer((self.host, self.port), self.health)
+        self._server = ProbeServer((self.host, self.port), self.health, self.model_endpoints)
         self.port = self._server.server_address[1]
         self._threads = [threading.Thread(target=self._server.serve_forever, daemon=True),
                          threading.Thread(target=self._poll, daemon=True)]

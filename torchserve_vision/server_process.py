@@ -26,6 +26,7 @@ from torchserve_vision import paths
 from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
 from torchserve_vision.deployment_settings import AS_WRITTEN, DeploymentSettings, local_url
 from torchserve_vision.errors import CommandError
+from torchserve_vision.front_proxy import FrontProxy, front_config
 from torchserve_vision.pod_health import PodHealth, ProbeEndpoint
 from torchserve_vision.server_state import (
     models_ready,
@@ -34,6 +35,7 @@ from torchserve_vision.server_state import (
     wait_for_empty_queue,
 )
 from torchserve_vision.torchserve_config import read_properties, render_properties
+from torchserve_vision.v2_model_endpoints import V2ModelEndpoints
 from torchserve_vision.waiting import wait_until
 
 
@@ -263,6 +265,7 @@ class ForegroundOptions:
     stop_timeout_s: float = 30.0
     probe_host: str = "127.0.0.1"
     probe_port: int | None = None  # None: no probe endpoint (see pod_health)
+    front_port: int | None = None  # None: no front (see front_proxy); needs probe_port
 
     @property
     def stop_bound_s(self) -> float:
@@ -270,6 +273,8 @@ class ForegroundOptions:
 
 
 DEFAULT_FOREGROUND = ForegroundOptions()
+# The front's bound on one request: longer than any response timeout TorchServe applies first.
+FRONT_TIMEOUT_S = 600
 
 
 def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = None,
@@ -290,10 +295,20 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     health = PodHealth(check=lambda: not_ready_reason(instance.client(timeout_s=2.0), expected_models),
                        frontend_alive=lambda: frontend_pid(instance) is not None)
     probes: ProbeEndpoint | nullcontext[None] = nullcontext()
+    front: FrontProxy | nullcontext[None] = nullcontext()
+    if options.front_port is not None and options.probe_port is None:
+        raise ServerError("a front needs the probe port (its model endpoints live there)")
     if options.probe_port is not None:
-        probes = ProbeEndpoint(health, options.probe_host, options.probe_port)
+        endpoints = None
+        if options.front_port is not None:
+            endpoints = V2ModelEndpoints(client=lambda: instance.client(timeout_s=5.0),
+                                         required_headers=instance.inference_headers)
+        probes = ProbeEndpoint(health, options.probe_host, options.probe_port, endpoints)
+    if options.front_port is not None and options.probe_port is not None:
+        front = FrontProxy(front_config(options.probe_host, options.front_port, instance.inference_url,
+                                        options.probe_port, FRONT_TIMEOUT_S), options.front_port)
     try:
-        with probes:
+        with probes, front:
             try:
                 start(instance, store, options.start_timeout_s, cancelled=stop_requested)
             except ServerError:

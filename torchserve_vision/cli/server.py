@@ -72,6 +72,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     probing.add_argument("--probe-port", type=int, default=int(probe_port) if probe_port else None,
                          help="serve GET /ready and /live on this port (default: $TSV_PROBE_PORT; "
                               "none when unset)")
+    front_port = os.environ.get("TSV_FRONT_PORT")
+    probing.add_argument("--front-port", type=int, default=int(front_port) if front_port else None,
+                         help="serve a front (HAProxy) on this port: TorchServe's inference API "
+                              "plus the Open Inference Protocol's model metadata and readiness, "
+                              "GET /v2/models/{m}[/ready], which TorchServe does not route; needs "
+                              "--probe-port (default: $TSV_FRONT_PORT; none when unset)")
     probing.add_argument("--drain-delay", type=float, default=0.0,
                          help="seconds to keep serving after SIGTERM with readiness false, before "
                               "draining (time for load balancers to stop sending)")
@@ -122,12 +128,14 @@ def run_foreground(args: argparse.Namespace) -> int:
     options = ForegroundOptions(start_timeout_s=args.timeout, drain_delay_s=args.drain_delay,
                                 drain_timeout_s=args.drain_timeout,
                                 probe_host=instance.settings.bind_address or "127.0.0.1",
-                                probe_port=args.probe_port)
+                                probe_port=args.probe_port, front_port=args.front_port)
     if instance.settings.describe():
         print(f"from the environment: {instance.settings.describe()}", flush=True)
 
     def ready() -> None:
         probes = f"; probes on port {args.probe_port}" if args.probe_port is not None else ""
+        if args.front_port is not None:
+            probes += f"; the front (Open Inference Protocol, model endpoints) on port {args.front_port}"
         print(f"TorchServe is ready at {instance.inference_url}{probes}; stop with SIGTERM or "
               "Ctrl-C", flush=True)
 

@@ -35,6 +35,7 @@ class Pod:
     drain_timeout_s: float = 30.0
     environment: dict[str, str] = field(default_factory=dict)
     probe_port: int = field(default_factory=lambda: free_ports(1)[0])
+    front_port: int | None = None      # `--front-port`: none unless given
     process: subprocess.Popen[bytes] | None = None
     signalled_at: float | None = None
 
@@ -60,6 +61,8 @@ class Pod:
                    "--config", str(self.config), "--run-dir", str(self.run_dir),
                    "--model-store", str(self.model_store), "--probe-port", str(self.probe_port),
                    "--drain-delay", str(self.drain_delay_s), "--drain-timeout", str(self.drain_timeout_s)]
+        if self.front_port is not None:
+            command += ["--front-port", str(self.front_port)]
         with open(self.output_path, "ab") as output:
             self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
                                             env={**os.environ, **self.environment})

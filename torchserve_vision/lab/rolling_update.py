@@ -17,7 +17,6 @@ pod with `torchserve --stop` instead (no readiness change, no drain), for compar
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import requests
 
+from torchserve_vision.front_proxy import haproxy_binary
 from torchserve_vision.lab.loadgen import LoadTarget, Result, run_open_loop, summarize
 from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.photos import photo_path
@@ -95,13 +95,6 @@ backend pods
     default-server inter {CHECK_INTERVAL_MS}ms fall 1 rise 2
 {servers}
 """
-
-
-def haproxy_binary() -> str:
-    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
-    if found is None:
-        raise PodError("haproxy is not installed (scripts/setup.sh installs it with apt as root)")
-    return found
 
 
 def servers_up(stats_port: int) -> int:

@@ -250,7 +250,7 @@ def test_a_corrupt_package_is_refused(classifier, reference, tmp_path):
 def test_a_package_that_loads_too_slowly_is_abandoned(classifier, reference, tmp_path, monkeypatch):
     release, finished = threading.Event(), threading.Event()
 
-    def slow_load(path: Path) -> compiled_model.Runner:
+    def slow_load(path: Path, device: str = "cpu") -> compiled_model.Runner:
         release.wait(60)
         finished.set()
         raise AssertionError("abandoned load went on")
@@ -264,7 +264,7 @@ def test_a_package_that_loads_too_slowly_is_abandoned(classifier, reference, tmp
 
 def test_a_package_with_wrong_answers_is_refused(classifier, reference, tmp_path, monkeypatch):
     monkeypatch.setattr(compiled_model, "load_aoti_package",
-                        lambda path: (lambda batch: torch.zeros(batch.shape[0], 1000)))
+                        lambda path, device="cpu": (lambda batch: torch.zeros(batch.shape[0], 1000)))
     handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m"))
     assert_serves_eagerly(handler, "wrong_output", reference)
 

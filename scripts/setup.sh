@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Set up everything the project needs, idempotently:
-#   - a Java 17+ runtime (installed with apt when missing and running as root),
-#   - HAProxy, the load balancer of the rolling-update rehearsal (the same way; optional: only
-#     `torchserve-vision lab rolling-update` and its test need it),
+#   - a Java 17+ JDK (installed with apt when missing and running as root): TorchServe's runtime,
+#     and javac for the frontend agent (torchserve_vision/frontend),
+#   - HAProxy, the front of `server run --front-port` and the load balancer of the rolling-update
+#     rehearsal (the same way; optional: only those and their tests need it),
 #   - .venv with the pinned packages of requirements.txt / constraints.txt, and this project
-#     installed into it (editable) with its command, .venv/bin/torchserve-vision.
-# Re-running does nothing when both are already in place.
+#     installed into it (editable) with its command, .venv/bin/torchserve-vision,
+#   - the frontend agent's jar.
+# Re-running does nothing when all of it is already in place.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,17 +16,20 @@ java_major() {
 }
 
 ensure_java() {
-  if command -v java >/dev/null 2>&1 && [ "$(java_major)" -ge 17 ] 2>/dev/null; then
+  # A JDK, not only a runtime: the frontend agent (torchserve_vision/frontend) is compiled here.
+  if command -v java >/dev/null 2>&1 && [ "$(java_major)" -ge 17 ] 2>/dev/null \
+      && command -v javac >/dev/null 2>&1; then
     return
   fi
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing openjdk-17-jre-headless with apt"
+    echo "setup: installing openjdk-17-jdk-headless with apt"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jdk-headless >/dev/null
     return
   fi
-  echo "setup: TorchServe needs a Java 17 (or newer) runtime on PATH, and none was found." >&2
-  echo "setup: install it, e.g. 'sudo apt-get install -y openjdk-17-jre-headless', then run this again." >&2
+  echo "setup: TorchServe needs a Java 17 (or newer) runtime on PATH, and this project's frontend" >&2
+  echo "setup: agent a Java compiler (javac); one of them was not found. Install a JDK, e.g." >&2
+  echo "setup: 'sudo apt-get install -y openjdk-17-jdk-headless', then run this again." >&2
   exit 1
 }
 
@@ -88,4 +93,7 @@ ensure_java
 ensure_haproxy
 ensure_redis
 ensure_venv
+# The frontend agent's jar (queued batching), built against the installed TorchServe; nothing
+# happens when it is already there.
+.venv/bin/python -m torchserve_vision.frontend.agent >/dev/null
 echo "setup: ready (.venv with torchserve-vision, $(java -version 2>&1 | head -n 1))"

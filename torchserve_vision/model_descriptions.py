@@ -26,10 +26,21 @@ class DescriptionError(CommandError, ValueError):
     """A model description is incomplete or names something that does not exist."""
 
 
+DELAYED, QUEUED = "delayed", "queued"
+BATCHING_POLICIES = (DELAYED, QUEUED)
+
+
 @dataclass(frozen=True)
 class ServingSettings:
     """Batch and worker settings of a model version (TorchServe fixes them at registration);
-    also the `serving:` section of config/models.yaml."""
+    also the `serving:` section of config/models.yaml.
+
+    `batching`: how the frontend gathers a batch. `queued` (the default) takes what is queued
+    when a worker is free and never waits: the frontend agent's (torchserve_vision/frontend),
+    switched on by the archive's YAML, so it is fixed per archive; its `max_batch_delay_ms` is
+    always 0 (whatever was given: the delay is unused). `delayed` is TorchServe's own: the first
+    request, then up to `max_batch_delay_ms` of waiting for more.
+    """
 
     batch_size: int = 8
     max_batch_delay_ms: int = 20
@@ -37,13 +48,25 @@ class ServingSettings:
     max_workers: int = 1
     response_timeout_s: int = 60
     startup_timeout_s: int = 120    # TorchServe kills a worker that takes longer to load
+    batching: str = QUEUED
+
+    def __post_init__(self) -> None:
+        if self.batching not in BATCHING_POLICIES:
+            raise DescriptionError(f"serving.batching {self.batching!r}: use "
+                                   f"{' or '.join(BATCHING_POLICIES)}")
+        if self.batching == QUEUED:
+            object.__setattr__(self, "max_batch_delay_ms", 0)
 
     @classmethod
     def of_version(cls, description: dict[str, Any]) -> ServingSettings:
-        """The settings of a version as TorchServe's `describe` reports them."""
-        return cls(description["batchSize"], description["maxBatchDelay"], description["minWorkers"],
-                   description["maxWorkers"], description["responseTimeout"],
-                   description.get("startupTimeout", cls.startup_timeout_s))
+        """The settings of a version as TorchServe's `describe` reports them (with queued
+        batching, TorchServe reports its 100 ms default for the delay of 0 that
+        config.properties gave: read as 0, like any delay of queued batching)."""
+        return cls(description["batchSize"], description["maxBatchDelay"],
+                   description["minWorkers"], description["maxWorkers"],
+                   description["responseTimeout"],
+                   description.get("startupTimeout", cls.startup_timeout_s),
+                   QUEUED if description.get("continuousBatching") else DELAYED)
 
 
 @dataclass(frozen=True)

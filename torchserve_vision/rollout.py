@@ -33,7 +33,7 @@ from torchserve_vision.archives.versions import (
 )
 from torchserve_vision.client import ManagementError, TorchServeClient
 from torchserve_vision.errors import CommandError
-from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.model_descriptions import DELAYED, QUEUED, ServingSettings
 from torchserve_vision.model_kinds import UnknownKind, best_label, kind_of_entry_module
 from torchserve_vision.rollout_history import (
     ChangeKind,
@@ -297,12 +297,14 @@ def check_resumable(plan: RolloutPlan, registered: dict[str, Any], old_version: 
     if version == old_version:
         raise RolloutError(f"{plan.model} {version} is already registered and is the default: "
                            "nothing to roll out")
-    found = ServingSettings.of_version(registered)
-    differences = [f"{name} {have!r} (this rollout: {want!r})" for name, have, want in (
-        ("archive", registered.get("modelUrl"), plan.archive),
-        ("batch size", found.batch_size, plan.settings.batch_size),
-        ("max batch delay", found.max_batch_delay_ms, plan.settings.max_batch_delay_ms))
-        if have != want]
+    found, wanted = ServingSettings.of_version(registered), plan.settings
+    compared = [("archive", registered.get("modelUrl"), plan.archive),
+                ("batch size", found.batch_size, wanted.batch_size),
+                ("batching", found.batching, wanted.batching)]
+    if wanted.batching == DELAYED:
+        compared.append(("max batch delay", found.max_batch_delay_ms, wanted.max_batch_delay_ms))
+    differences = [f"{name} {have!r} (this rollout: {want!r})" for name, have, want in compared
+                   if have != want]
     if differences:
         raise RolloutError(f"{plan.model} {version} is already registered, with {'; '.join(differences)}: "
                            f"unregister it (models unregister {plan.model} --version {version}) or "
@@ -343,7 +345,9 @@ def retire_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | N
 
 
 def settings_text(settings: ServingSettings) -> str:
-    return (f"batch {settings.batch_size}, delay {settings.max_batch_delay_ms} ms, workers "
+    batching = ("queued batching" if settings.batching == QUEUED
+                else f"delay {settings.max_batch_delay_ms} ms")
+    return (f"batch {settings.batch_size}, {batching}, workers "
             f"{settings.min_workers}/{settings.max_workers}, timeouts response "
             f"{settings.response_timeout_s} s / start-up {settings.startup_timeout_s} s")
 

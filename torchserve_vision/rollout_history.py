@@ -17,10 +17,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.model_descriptions import DELAYED, ServingSettings
 
 ChangeKind = Literal["rollout", "scale", "rollback"]
 ChangeState = Literal["started", "done", "undone", "aborted"]
+
+
+def recorded_settings(value: dict[str, Any]) -> ServingSettings:
+    """Settings as an entry records them; entries written before batching was recorded were all
+    TorchServe's delayed batching."""
+    return ServingSettings(**{"batching": DELAYED, **value})
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,10 @@ class HistoryEntry:
         """An entry as written (entries of older files lack `kind`: rollouts; and the journal's
         fields: done, on an unknown server)."""
         def settings(value: dict[str, Any] | None) -> ServingSettings | None:
-            return ServingSettings(**value) if value is not None else None
+            return recorded_settings(value) if value is not None else None
 
         return cls(kind=raw.get("kind", "rollout"), model=raw["model"], to_version=raw["to_version"],
-                   to_archive=raw["to_archive"], to_settings=ServingSettings(**raw["to_settings"]),
+                   to_archive=raw["to_archive"], to_settings=recorded_settings(raw["to_settings"]),
                    from_version=raw.get("from_version"), from_archive=raw.get("from_archive"),
                    from_settings=settings(raw.get("from_settings")), time=raw["time"],
                    state=raw.get("state", "done"), server=raw.get("server"), id=raw.get("id", ""),

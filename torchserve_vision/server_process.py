@@ -27,6 +27,7 @@ from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
 from torchserve_vision.deployment_settings import AS_WRITTEN, DeploymentSettings, local_url
 from torchserve_vision.errors import CommandError
 from torchserve_vision.front_proxy import FrontProxy, front_config
+from torchserve_vision.frontend.agent import java_agent_option
 from torchserve_vision.pod_health import PodHealth, ProbeEndpoint
 from torchserve_vision.server_state import (
     models_ready,
@@ -137,13 +138,14 @@ def java_regex_literal(text: str) -> str:
 
 
 def write_effective_config(instance: TorchServeInstance, model_store: Path) -> Path:
-    """The instance's config with its deployment settings applied, `model_store` made absolute
-    and `allowed_urls` restricted to archives directly in it (TorchServe copies a file:// URL that
-    matches into the store)."""
+    """The instance's config with its deployment settings applied, `model_store` made absolute,
+    `allowed_urls` restricted to archives directly in it (TorchServe copies a file:// URL that
+    matches into the store), and the frontend agent (queued batching) among the JVM's options."""
     properties = instance.settings.apply(read_properties(instance.config_path))
     store = str(model_store.resolve())
     properties["model_store"] = store
     properties["allowed_urls"] = f"file://{java_regex_literal(store)}/[^/]+\\\\.mar"
+    properties["vmargs"] = " ".join(filter(None, [properties.get("vmargs", ""), java_agent_option()]))
     instance.effective_config.write_text(render_properties(properties), encoding="utf-8")
     return instance.effective_config
 

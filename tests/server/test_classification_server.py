@@ -15,7 +15,7 @@ from tests.images import CAT_LABELS, encode, photo_bytes, png_declaring_size, te
 from tests.server.http_client import Reply, concurrently, post_image
 from tests.server.logs import log_lines, wait_for_log
 from torchserve_vision import paths
-from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.model_descriptions import ServingSettings, load_descriptions
 from torchserve_vision.server_process import TorchServeInstance, ping
 
 pytestmark = pytest.mark.server
@@ -130,8 +130,9 @@ def test_batch_settings_come_from_config_properties(server):
     described = requests.get(f"{server.management_url}/models/efficientnet_lite0",
                              timeout=30).json()[0]
     serving = {d.name: d.serving for d in load_descriptions(paths.MODEL_DESCRIPTIONS)}["efficientnet_lite0"]
-    assert (described["batchSize"], described["maxBatchDelay"]) == (serving.batch_size,
-                                                                    serving.max_batch_delay_ms)
+    settings = ServingSettings.of_version(described)
+    assert (settings.batch_size, settings.max_batch_delay_ms, settings.batching) == (
+        serving.batch_size, serving.max_batch_delay_ms, serving.batching)
     assert described["minWorkers"] == serving.min_workers
     assert [w["status"] for w in described["workers"]] == ["READY"] * serving.min_workers
 

@@ -28,14 +28,16 @@ MAX_QUEUED = 16
 
 @pytest.fixture(scope="module")
 def continuous_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
-    """Lite0 as shipped, copied with `continuous_batching` on (batches of up to 8 in the worker),
-    registered with batch size 1 and no frontend delay, on a server of its own."""
+    """Lite0 as shipped, copied with `continuous_batching` on (batches of up to 8 in the worker)
+    and the frontend's queued batching off (TorchServe picks that aggregator before the
+    asynchronous one), registered with batch size 1 and no frontend delay, on a server of its own."""
     store = tmp_path_factory.mktemp("continuous-store")
     shutil.copy(model_store / "efficientnet_lite0-1.0.mar", store)
     archive = archive_with_version(store, "efficientnet_lite0-1.0.mar", VERSION,
                                    handler_changes={"continuous_batching": {"max_queued": MAX_QUEUED,
                                                                           "max_batch_size": 8}},
-                                   frontend_changes={"asyncCommunication": True})
+                                   frontend_changes={"asyncCommunication": True,
+                                                     "continuousBatching": False})
     for server in started_server(tmp_path_factory.mktemp("continuous"), store, load_models=""):
         client = server.client()
         client.register(archive, batch_size=1, max_batch_delay_ms=0, initial_workers=1,

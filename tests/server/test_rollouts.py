@@ -396,12 +396,13 @@ def test_new_batch_settings_roll_out_as_a_new_version_under_load(client, rollout
     with load_on_server(client) as load:
         load.wait_for(10)
         assert cli(rollout_server, model_store, tmp_path / "h.json", "rollout", MODEL,
-                   "--same-archive", "--batch-size", "4", "--max-batch-delay", "5") == 0
+                   "--same-archive", "--batch-size", "4", "--batching", "delayed",
+                   "--max-batch-delay", "5") == 0
         load.wait_for(20)
     assert load.failures() == []
     (current,) = client.describe(MODEL, "all")
     assert current["modelVersion"] == "1.0-bs4-d5"
-    assert (current["batchSize"], current["maxBatchDelay"]) == (4, 5)
+    assert (current["batchSize"], current["maxBatchDelay"], current["continuousBatching"]) == (4, 5, False)
 
 
 def test_dry_run_prints_the_calls_and_changes_nothing(client, archives, rollout_server,
@@ -569,6 +570,8 @@ def test_a_rollout_carries_the_current_settings_and_timeouts_forward(client, arc
     assert cli(rollout_server, model_store, tmp_path / "h.json", "rollout", MODEL, archives["v2"]) == 0
     (after,) = client.describe(MODEL, None)
     assert after["modelVersion"] == "2.0"
-    for key in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout",
-                "startupTimeout"):
+    # Compared as settings: with queued batching TorchServe reports 100 ms for the unused delay
+    # of 0 that config.properties gave, and 0 for the one a register call gave.
+    assert ServingSettings.of_version(after) == ServingSettings.of_version(before)
+    for key in ("batchSize", "minWorkers", "maxWorkers", "responseTimeout", "startupTimeout"):
         assert after[key] == before[key], key

@@ -66,8 +66,9 @@ def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model
                                "efficientnet_lite0")
     assert restored is not None
     serving = {d.name: d.serving for d in load_descriptions(paths.MODEL_DESCRIPTIONS)}["efficientnet_lite0"]
-    assert (restored["batchSize"], restored["maxBatchDelay"]) == (serving.batch_size,
-                                                                  serving.max_batch_delay_ms)
+    settings = ServingSettings.of_version(restored)
+    assert (settings.batch_size, settings.max_batch_delay_ms, settings.batching) == (
+        serving.batch_size, serving.max_batch_delay_ms, serving.batching)
 
 
 def test_echo_archives_answer_every_request_in_both_worker_modes(lab_server, model_store):

@@ -26,6 +26,7 @@ from torchserve_vision.archives.fixed_seed_weights import calibrated_classifier
 from torchserve_vision.cli import main as command
 from torchserve_vision.model_descriptions import (
     DescriptionError,
+    ServingSettings,
     load_descriptions,
     parse_description,
 )
@@ -308,3 +309,23 @@ def test_continuous_batching_is_refused_for_archives_with_the_reason():
         frontend_settings(description)
     assert "asyncCommunication" not in frontend_settings(
         dataclasses.replace(description, handler_options={}))
+
+
+def test_queued_batching_is_switched_on_in_the_archive_and_read_back_from_describe():
+    """The frontend picks its batch aggregator from the archive's YAML (`continuousBatching`),
+    which the frontend agent answers with queued batching; describe reports it."""
+    raw = {"name": "m", "labels": "imagenet",
+           "model": {"source": "timm", "architecture": "test_efficientnet", "weights": "fixed-seed:0"}}
+    queued = parse_description({**raw, "serving": {"batching": "queued"}})
+    assert frontend_settings(queued)["continuousBatching"] is True
+    assert frontend_settings(parse_description(raw))["continuousBatching"] is True  # the default
+    delayed = parse_description({**raw, "serving": {"batching": "delayed"}})
+    assert "continuousBatching" not in frontend_settings(delayed)
+    with pytest.raises(DescriptionError, match="use delayed or queued"):
+        parse_description({**raw, "serving": {"batching": "eventually"}})
+    described = {"batchSize": 8, "maxBatchDelay": 100, "minWorkers": 2, "maxWorkers": 2,
+                 "responseTimeout": 60, "startupTimeout": 120}
+    queued_version = ServingSettings.of_version({**described, "continuousBatching": True})
+    assert (queued_version.batching, queued_version.max_batch_delay_ms) == ("queued", 0)
+    delayed_version = ServingSettings.of_version({**described, "continuousBatching": False})
+    assert (delayed_version.batching, delayed_version.max_batch_delay_ms) == ("delayed", 100)

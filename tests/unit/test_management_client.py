@@ -61,9 +61,12 @@ def test_environment_supplies_addresses_and_key_file(monkeypatch, tmp_path):
 
 
 def test_settings_version_replaces_an_earlier_suffix():
-    settings = ServingSettings(16, 5, 1, 1, 60)
-    assert settings_version("1.0", settings) == "1.0-bs16-d5"
-    assert settings_version("1.0-bs8-d20", settings) == "1.0-bs16-d5"
+    delayed = ServingSettings(16, 5, 1, 1, 60, batching="delayed")
+    assert settings_version("1.0", delayed) == "1.0-bs16-d5"
+    assert settings_version("1.0-bs8-d20", delayed) == "1.0-bs16-d5"
+    queued = ServingSettings(16, 0, 1, 1, 60, batching="queued")
+    assert settings_version("1.0-bs8-d20", queued) == "1.0-bs16-q"
+    assert settings_version("1.0-bs16-q", delayed) == "1.0-bs16-d5"
 
 
 def test_archive_with_version_rewrites_only_the_manifest_version(tmp_path):

@@ -54,6 +54,16 @@ def test_entries_of_older_files_without_a_kind_are_rollouts(tmp_path: Path):
     assert read_history(history) == [entry("2.0", "1.0")]
 
 
+def test_settings_of_older_files_without_batching_are_delayed_batching(tmp_path: Path):
+    history = tmp_path / "history.json"
+    raw = entry("2.0", "1.0").to_json()
+    del raw["to_settings"]["batching"], raw["from_settings"]["batching"]
+    history.write_text(json.dumps([raw]))
+    (read,) = read_history(history)
+    assert read.to_settings.batching == read.from_settings.batching == "delayed"  # type: ignore[union-attr]
+    assert entry("2.0", "1.0").to_settings.batching == "queued"    # the default now
+
+
 def test_a_change_is_recorded_as_started_before_it_acts_and_rewritten_in_place_after(tmp_path: Path):
     history = tmp_path / "history.json"
     journal = Journal(history)

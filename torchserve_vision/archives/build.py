@@ -36,6 +36,7 @@ from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler
 from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
 from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import (
+    QUEUED,
     SERIALIZED_NAMES,
     DescriptionError,
     ModelDescription,
@@ -233,11 +234,14 @@ def frontend_settings(description: ModelDescription) -> dict[str, Any]:
     """Top-level keys of the archive's YAML that TorchServe's frontend reads. It takes the
     timeouts from the archive whenever the archive has a YAML (120 s when the YAML omits them),
     whatever config.properties says; workers and batch settings stay with the register call and
-    `models=`, which scale and rollouts change. `handler.continuous_batching` (TorchServe's
+    `models=`, which scale and rollouts change; queued batching is switched on here, for the
+    frontend agent (torchserve_vision/frontend). `handler.continuous_batching` (TorchServe's
     asynchronous worker mode, handlers/continuous_serving.py) is refused: see the message."""
     serving = description.serving
     settings: dict[str, Any] = {"startupTimeout": serving.startup_timeout_s,
                                 "responseTimeout": serving.response_timeout_s}
+    if serving.batching == QUEUED:
+        settings["continuousBatching"] = True   # the frontend agent's queued batching
     if description.handler_options.get("continuous_batching"):
         raise BuildError(f"{description.name}: continuous batching is measured in the lab only "
                          "(torchserve-vision lab policies): TorchServe 0.12's asynchronous frontend "

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from torchserve_vision.errors import CommandError
-from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.model_descriptions import DELAYED, QUEUED, ServingSettings
 
 
 class ArchiveError(CommandError, RuntimeError):
@@ -65,6 +65,24 @@ def archive_with_version(store: Path, archive: str, version: str,
     return target_name
 
 
+def archive_batching(path: Path) -> str:
+    """The archive's batching policy: `queued` when its YAML asks for TorchServe's
+    ContinuousBatching, which the frontend agent answers with queued batching; else `delayed`."""
+    config_file = archive_manifest(path).get("configFile")
+    if not config_file:
+        return DELAYED
+    try:
+        with zipfile.ZipFile(path) as archive:
+            model_yaml = yaml.safe_load(archive.read(config_file)) or {}
+    except (OSError, KeyError, zipfile.BadZipFile, yaml.YAMLError) as error:
+        raise ArchiveError(f"{path}: its {config_file} is not readable: {error}") from None
+    if not isinstance(model_yaml, dict):
+        raise ArchiveError(f"{path}: its {config_file} is not a mapping")
+    return QUEUED if model_yaml.get("continuousBatching") else DELAYED
+
+
 def settings_version(base_version: str, settings: ServingSettings) -> str:
-    """`1.0` + batch 16, delay 5 ms -> `1.0-bs16-d5` (a previous suffix is replaced)."""
-    return f"{base_version.split('-bs')[0]}-bs{settings.batch_size}-d{settings.max_batch_delay_ms}"
+    """`1.0` + batch 16, delay 5 ms -> `1.0-bs16-d5`; queued batching -> `1.0-bs16-q` (a previous
+    suffix is replaced)."""
+    batching = "q" if settings.batching == QUEUED else f"d{settings.max_batch_delay_ms}"
+    return f"{base_version.split('-bs')[0]}-bs{settings.batch_size}-{batching}"

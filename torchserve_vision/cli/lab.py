@@ -39,7 +39,6 @@ from torchserve_vision.lab import (
     sweep,
     tune,
 )
-from torchserve_vision.lab.batch_log import ServedBreakdown
 from torchserve_vision.lab.benchmark_images import SIZES, benchmark_jpeg
 from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.photos import photo_path
@@ -238,12 +237,13 @@ def run_tune(args: argparse.Namespace) -> int:
 # --- compare ------------------------------------------------------------------------------------
 def add_compare(actions: argparse._SubParsersAction) -> None:
     parser = subcommand(actions, "compare",
-                        "ours vs TorchServe's built-in handler vs batch 1 vs in-process",
+                        "ours vs TorchServe's built-in handler vs single sessions of our engine "
+                        "and of ONNX Runtime, at every load",
                         compare.__doc__ or "",
                         [connection_flags(), model_store_flag(), json_flag()])
     model_flag(parser)
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per setup and load")
     image_size_flag(parser)
     parser.add_argument("--model-log", type=Path, default=paths.RUN_DIR / "logs" / "model_log.log",
                         help="the server's model_log.log, read for the served / in-process "
@@ -286,17 +286,8 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.model}, {args.image_size} JPEG, {args.clients} clients, settings {result['settings']}")
-    for name, rps in result["throughput_rps"].items():
-        print(f"  {name:20s} {rps:7.1f} req/s  p50 {result['p50_ms'][name]:7.1f} ms  "
-              f"p99 {result['p99_ms'][name]:7.1f} ms")
-    print(f"  in-process handler path at batch {result['settings']['batch_size']}: "
-          f"{result['in_process_handler_rps']:.1f} img/s; model batching gain in-process "
-          f"{result['in_process_model_batching_gain']:.2f}x")
-    for name, value in result["ratios"].items():
-        print(f"  {name:45s} {value:7.2f}")
-    if result["served_breakdown"]:
-        print("  " + ServedBreakdown(**result["served_breakdown"]).table().replace("\n", "\n  "))
+    print(f"{args.model}, {args.image_size} JPEG, settings {result['settings']}")
+    print(compare.as_text(result))
     return 0
 
 

@@ -12,6 +12,8 @@ from urllib.parse import urlparse
 
 from torchserve_vision import paths
 from torchserve_vision.archives.versions import (
+    ArchiveError,
+    archive_batching,
     archive_manifest,
     archive_with_version,
     settings_version,
@@ -24,7 +26,7 @@ from torchserve_vision.cli.common import (
     subcommand,
 )
 from torchserve_vision.client import TorchServeClient
-from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.model_descriptions import BATCHING_POLICIES, QUEUED, ServingSettings
 from torchserve_vision.model_lock import model_lock
 from torchserve_vision.photos import photo_path
 from torchserve_vision.rollout import (
@@ -64,10 +66,16 @@ failed (and was undone), 2 bad arguments, 130 interrupted (and undone).
 
 
 # --- output -------------------------------------------------------------------------------------
+def batching_text(description: dict[str, Any]) -> str:
+    if description.get("continuousBatching"):
+        return "queued batching (no delay)"
+    return f"max batch delay {description['maxBatchDelay']} ms"
+
+
 def describe_lines(description: dict[str, Any]) -> list[str]:
     queue = description.get("jobQueueStatus", {})
     lines = [f"{description['modelName']} {description['modelVersion']}  ({description['modelUrl']})",
-             f"  batch size {description['batchSize']}, max batch delay {description['maxBatchDelay']} ms,"
+             f"  batch size {description['batchSize']}, {batching_text(description)},"
              f" workers min {description['minWorkers']} / max {description['maxWorkers']},"
              f" response timeout {description['responseTimeout']} s",
              f"  queue: {queue.get('pendingRequests', '?')} pending,"
@@ -177,17 +185,47 @@ def command_unregister(client: TorchServeClient, args: argparse.Namespace) -> No
     say(client.unregister(args.model, args.version))
 
 
+def planned_batching(args: argparse.Namespace, archive: str, base: ServingSettings) -> str:
+    """--batching (for a copy of the current archive), else the archive's own policy (the
+    current version's when the archive cannot say: TorchServe then refuses it at registration,
+    and the rollout undoes itself)."""
+    if getattr(args, "batching", None):
+        return str(args.batching)
+    path = args.model_store / archive
+    try:
+        return archive_batching(path) if archive and path.is_file() else base.batching
+    except ArchiveError:
+        return base.batching
+
+
+def planned_delay_ms(args: argparse.Namespace, batching: str, base: ServingSettings) -> int:
+    """--max-batch-delay, else the current version's. Queued batching uses none (ServingSettings
+    makes it 0); a delayed archive after a queued version needs one said."""
+    if batching == QUEUED:
+        if args.max_batch_delay:
+            print(f"note: the new version batches queued (it never waits): --max-batch-delay "
+                  f"{args.max_batch_delay} is unused")
+        return 0
+    if args.max_batch_delay is not None:
+        return int(args.max_batch_delay)
+    if base.batching == QUEUED:
+        raise RolloutError("the new version batches with a delay (serving.batching: delayed) and "
+                           "the current one does not: give --max-batch-delay")
+    return base.max_batch_delay_ms
+
+
 def rollout_plan(client: TorchServeClient, args: argparse.Namespace, archive: str) -> RolloutPlan:
     current = default_version(client, args.model)
     base = ServingSettings.of_version(current) if current else ServingSettings()
     low, high = worker_counts(args, client, (base.min_workers, base.max_workers))
+    batching = planned_batching(args, archive, base)
     settings = ServingSettings(
         batch_size=args.batch_size or base.batch_size,
-        max_batch_delay_ms=args.max_batch_delay if args.max_batch_delay is not None
-        else base.max_batch_delay_ms,
+        max_batch_delay_ms=planned_delay_ms(args, batching, base),
         min_workers=low, max_workers=high,
         response_timeout_s=args.response_timeout or base.response_timeout_s,
-        startup_timeout_s=args.startup_timeout or base.startup_timeout_s)
+        startup_timeout_s=args.startup_timeout or base.startup_timeout_s,
+        batching=batching)
     return RolloutPlan(model=args.model, archive=archive, settings=settings,
                        smoke_image=args.smoke_image.read_bytes(),
                        expect_labels=frozenset(args.expect_label or ()),
@@ -218,10 +256,15 @@ def rollout_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         plan = rollout_plan(client, args, current["modelUrl"])
         version = settings_version(current["modelVersion"], plan.settings)
         archive = (f"{args.model}-{version}.mar" if client.dry_run
-                   else archive_with_version(args.model_store, current["modelUrl"], version))
+                   else archive_with_version(args.model_store, current["modelUrl"], version,
+                                             frontend_changes={"continuousBatching":
+                                                               plan.settings.batching == QUEUED}))
         print(f"new batch settings as version {version} ({archive})")
     elif archive is None:
         raise RolloutError("give the new archive, or --same-archive with new batch settings")
+    elif args.batching:
+        raise RolloutError("--batching applies to --same-archive: a new archive brings its own "
+                           "(serving.batching in config/models.yaml)")
     plan = rollout_plan(client, args, archive)
     if client.dry_run and args.same_archive:
         print(f"[dry-run] would copy {plan.archive} and roll it out with {plan.settings}")
@@ -309,6 +352,9 @@ def register(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("archive", nargs="?", help="the new version's .mar in the model store")
             sub.add_argument("--same-archive", action="store_true",
                              help="re-roll the current archive with new batch settings")
+            sub.add_argument("--batching", choices=BATCHING_POLICIES,
+                             help="with --same-archive: queued (take what is queued, never wait) "
+                                  "or delayed (TorchServe's: wait up to --max-batch-delay)")
             sub.add_argument("--expect-label", action="append",
                              help="smoke test passes only with this top label (repeatable)")
             sub.add_argument("--compare-with-current", action="store_true",
@@ -326,7 +372,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--drain-grace", type=float, default=2.0,
                          help="seconds to wait after the old queue empties, for its last batch")
         sub.set_defaults(expect_label=None, compare_with_current=False, keep_old=False,
-                         same_archive=False, archive=None, abort=False)
+                         same_archive=False, archive=None, abort=False, batching=None)
     parser.set_defaults(run=run)
 
 

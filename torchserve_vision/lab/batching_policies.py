@@ -7,6 +7,8 @@ Policies (the served version's archive, registered again under names of their ow
   `<ms>` for company (0, 1 and 5 ms by default). In TorchServe 0.12 a delay of 0 caps batches at
   2 and a delay of 1 ms drains whatever is queued, then waits at most 1 ms (docs/benchmarks.md);
 - `batch1`: batch size 1, no delay;
+- `queued`: the frontend agent's queued batching: what is queued when a worker is free, up to
+  the served batch size, never waiting (torchserve_vision/frontend);
 - `continuous`: TorchServe's asynchronous worker mode, the worker batching whatever has arrived
   (handlers/continuous_serving.py; lab only: see docs/benchmarks.md for why);
 - `single_session`: one shared session of our own engine (the archive's handler path, JPEG bytes
@@ -30,19 +32,17 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from torchserve_vision.archives.versions import archive_manifest, archive_with_version
 from torchserve_vision.client import ManagementError, TorchServeClient
 from torchserve_vision.lab.compare import register, unregister_all
 from torchserve_vision.lab.echo_archive import ECHO, ECHO_ASYNC, build_echo_archive
 from torchserve_vision.lab.loadgen import (
-    KeepAliveHandler,
-    LabHTTPServer,
     LoadTarget,
     Report,
     run_closed_loop,
@@ -50,7 +50,8 @@ from torchserve_vision.lab.loadgen import (
 )
 from torchserve_vision.lab.local_handler import LocalContext, extract_archive, load_handler
 from torchserve_vision.lab.profile import median_ms
-from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.lab.single_session import engine_answer, threaded_server
+from torchserve_vision.model_descriptions import DELAYED, QUEUED, ServingSettings
 from torchserve_vision.server_state import served_default_version, versions_of
 
 POLICY_PREFIX = "policy_"
@@ -64,7 +65,15 @@ def continuous_archive(store: Path, archive: str, max_batch_size: int, max_queue
     return archive_with_version(store, archive, version,
                                 handler_changes={"continuous_batching": {
                                     "max_batch_size": max_batch_size, "max_queued": max_queued}},
-                                frontend_changes={"asyncCommunication": True})
+                                frontend_changes={"asyncCommunication": True,
+                                                  "continuousBatching": False})
+
+
+def archive_batching(store: Path, archive: str, batching: str) -> str:
+    """`archive` copied as version `<v>-<batching>` with that frontend batching policy."""
+    version = f"{archive_manifest(store / archive)['modelVersion']}-{batching}"
+    return archive_with_version(store, archive, version,
+                                frontend_changes={"continuousBatching": batching == QUEUED})
 
 
 def served_policies(store: Path, archive: str, settings: ServingSettings,
@@ -72,15 +81,19 @@ def served_policies(store: Path, archive: str, settings: ServingSettings,
     """Policy name -> (archive, registration settings), the references included."""
     workers = settings.min_workers
 
-    def batching(batch_size: int, delay_ms: int, worker_count: int = workers) -> ServingSettings:
+    def batching(batch_size: int, delay_ms: int, worker_count: int = workers,
+                 policy: str = DELAYED) -> ServingSettings:
         return ServingSettings(batch_size, delay_ms, worker_count, worker_count,
-                               settings.response_timeout_s, settings.startup_timeout_s)
+                               settings.response_timeout_s, settings.startup_timeout_s, policy)
 
+    delayed = archive_batching(store, archive, DELAYED)
     policies = {ECHO: (build_echo_archive(store, ECHO), batching(1, 0, 1)),
                 ECHO_ASYNC: (build_echo_archive(store, ECHO_ASYNC), batching(1, 0, 1)),
-                "batch1": (archive, batching(1, 0))}
+                "batch1": (delayed, batching(1, 0))}
     for delay in delays_ms:
-        policies[f"frontend_d{delay}"] = (archive, batching(settings.batch_size, delay))
+        policies[f"frontend_d{delay}"] = (delayed, batching(settings.batch_size, delay))
+    policies[QUEUED] = (archive_batching(store, archive, QUEUED),
+                        batching(settings.batch_size, 0, policy=QUEUED))
     policies["continuous"] = (continuous_archive(store, archive, settings.batch_size),
                               batching(1, 0))
     return policies
@@ -94,42 +107,38 @@ def in_process_batch1_ms(handler: Any, image: bytes, model_dir: str, repeats: in
     return median_ms(once, repeats, synchronize=lambda: None)
 
 
-@contextmanager
-def single_session_server(handler: Any, model_dir: str) -> Iterator[str]:
-    """`handler` behind a threaded HTTP server: every request runs `handle_batch` on its own
-    thread as it arrives (no queue, no batching). Yields its URL."""
-
-    class Answer(KeepAliveHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            context = LocalContext(model_dir, {}, {}, request_headers=[dict(self.headers)])
-            (answer,) = handler.handle_batch([{"body": bytearray(body)}], context)
-            self.send_response(context.status(0))
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-    server = LabHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/predictions/single"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def retire(client: TorchServeClient, model: str) -> None:
     """Unregister a policy's model. TorchServe 0.12's asynchronous frontend keeps every answered
     request in its map of jobs in the worker and puts them back in the model's queue when the
     worker stops, so after 100 requests the unregister call answers 500 "Deque full"; the model
-    is gone all the same (checked here)."""
+    is gone all the same (checked here), but its worker processes were seen to live on (past the
+    server's own stop), so any left are ended here."""
+    pids = [worker["pid"] for version in versions_of(client, model)
+            for worker in version.get("workers", []) if worker.get("pid")]
     try:
         unregister_all(client, model)
     except ManagementError as error:
         if versions_of(client, model):
             raise
         print(f"  {model} unregistered, though TorchServe answered: {error}", file=sys.stderr)
+    end_processes(pids)
+
+
+def end_processes(pids: Sequence[int], timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout_s`, any of `pids` still running."""
+    alive = [process for process in map(existing_process, pids) if process is not None]
+    for process in alive:
+        process.terminate()
+    _, left = psutil.wait_procs(alive, timeout=timeout_s)
+    for process in left:
+        process.kill()
+
+
+def existing_process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def closed_loop(url: str, image: bytes, clients: int, duration_s: float) -> Report:
@@ -199,7 +208,7 @@ def compare_policies(client: TorchServeClient, store: Path, model: str, image: b
         model_dir = extract_archive(store / current["modelUrl"], Path(tmp) / "model")
         handler = load_handler(model_dir, batch_size=1)
         batch1_ms = in_process_batch1_ms(handler, image, str(model_dir))
-        with single_session_server(handler, str(model_dir)) as url:
+        with threaded_server(engine_answer(handler, str(model_dir))) as url:
             for clients in loads:
                 run.measure_closed(SINGLE_SESSION, url, clients)
             for rate in rates:

@@ -23,7 +23,7 @@ from pathlib import Path
 from torchserve_vision.archives.versions import archive_with_version, settings_version
 from torchserve_vision.client import TorchServeClient
 from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop
-from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.model_descriptions import QUEUED, ServingSettings
 from torchserve_vision.rollout import RolloutError, RolloutPlan, rollout
 from torchserve_vision.server_state import default_version, served_default_version
 
@@ -53,7 +53,8 @@ def apply_settings(client: TorchServeClient, model: str, store: Path, settings: 
     if ServingSettings.of_version(current) == settings:
         return
     version = settings_version(current["modelVersion"], settings)
-    archive = archive_with_version(store, current["modelUrl"], version)
+    archive = archive_with_version(store, current["modelUrl"], version,
+                                   frontend_changes={"continuousBatching": settings.batching == QUEUED})
     rollout(client, RolloutPlan(model, archive, settings, smoke_image), store, lambda _m: None)
 
 
@@ -126,6 +127,10 @@ def run_sweep(client: TorchServeClient, model: str, store: Path, batch_sizes: Se
     if original is None:
         raise RolloutError(f"{model} is not registered on {client.management_url}")
     original_settings = ServingSettings.of_version(original)
+    if original_settings.batching == QUEUED and set(delays_ms) != {0}:
+        print(f"  {model} batches queued (it never waits): sweeping batch sizes and workers, "
+              "not delays", file=sys.stderr)
+        delays_ms = [0]
     target = LoadTarget(client.prediction_url(model), [image], client.inference_headers())
     points: list[SweepPoint] = []
     try:

@@ -23,7 +23,12 @@ from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.lab.loadgen import LoadTarget, Report, run_open_loop
 from torchserve_vision.lab.profile import Profile, profile_archive
 from torchserve_vision.lab.sweep import SweepPoint, apply_settings, choose_operating_point
-from torchserve_vision.model_descriptions import DescriptionError, ServingSettings, load_descriptions
+from torchserve_vision.model_descriptions import (
+    QUEUED,
+    DescriptionError,
+    ServingSettings,
+    load_descriptions,
+)
 from torchserve_vision.server_state import default_version, served_default_version
 from torchserve_vision.torchserve_config import write_models_block
 
@@ -113,8 +118,10 @@ def verify_on_server(client: TorchServeClient, tuning: Tuning, store: Path, p99_
 
 
 def write_recommendation(tuning: Tuning, descriptions: Path, configs: Sequence[Path]) -> None:
-    """Write the chosen batch size and delay into models.yaml, then the configs' models= from it."""
-    update_models_yaml(descriptions, tuning.model, tuning.chosen.batch_size,
-                       tuning.chosen.max_batch_delay_ms)
+    """Write the chosen batch size and delay into models.yaml (no delay for a model that batches
+    queued: it never waits), then the configs' models= from it."""
+    serving = {d.name: d.serving for d in load_descriptions(descriptions)}.get(tuning.model)
+    delay_ms = 0 if serving is not None and serving.batching == QUEUED else tuning.chosen.max_batch_delay_ms
+    update_models_yaml(descriptions, tuning.model, tuning.chosen.batch_size, delay_ms)
     for config in configs:
         write_models_block(config, load_descriptions(descriptions))

@@ -1,0 +1,50 @@
+"""torchserve_vision.frontend.agent: the frontend agent's jar, built with the real javac against
+the installed TorchServe (the agent at work in a real frontend: tests/server/test_queued_batching.py)."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from torchserve_vision.frontend import agent
+
+
+def test_the_jar_holds_the_agent_and_hides_the_class_it_substitutes(tmp_path: Path):
+    jar = agent.build_agent_jar(tmp_path / "agent.jar")
+    with zipfile.ZipFile(jar) as archive:
+        names = set(archive.namelist())
+        manifest = archive.read("META-INF/MANIFEST.MF").decode()
+    assert "Premain-Class: torchserve_vision.frontend.Agent" in manifest
+    assert "torchserve_vision/frontend/Agent.class" in names
+    assert "replacement/ContinuousBatching.class.bin" in names
+    # At its own name the class would lose to TorchServe's (the agent jar comes last on the path).
+    assert not any(name.startswith("org/") for name in names)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_jar_is_built_once_and_again_when_a_source_changes(tmp_path: Path, monkeypatch):
+    sources = tmp_path / "frontend"
+    shutil.copytree(agent.SOURCES, sources, ignore=shutil.ignore_patterns("build", "*.py", "__pycache__"))
+    monkeypatch.setattr(agent, "SOURCES", sources)
+    first = agent.agent_jar()
+    assert first.is_file() and agent.agent_jar() == first
+    changed = sources / "Agent.java"
+    changed.write_text(changed.read_text() + "\n// changed\n")
+    assert agent.agent_jar_path() != first
+
+
+def test_without_javac_the_error_says_what_to_install(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(agent.shutil, "which", lambda _name: None)
+    with pytest.raises(agent.AgentError, match="openjdk-17-jdk-headless"):
+        agent.build_agent_jar(tmp_path / "agent.jar")
+
+
+def test_a_path_with_whitespace_is_refused_for_vmargs(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(agent, "agent_jar", lambda: tmp_path / "with space" / "agent.jar")
+    with pytest.raises(agent.AgentError, match="whitespace"):
+        agent.java_agent_option()
+    monkeypatch.setattr(agent, "agent_jar", lambda: tmp_path / "agent.jar")
+    assert agent.java_agent_option() == f"-javaagent:{tmp_path / 'agent.jar'}"

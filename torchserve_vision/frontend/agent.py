@@ -1,0 +1,107 @@
+"""The frontend agent's jar: built once with `javac` from the Java sources beside this module,
+against the installed TorchServe's `model-server.jar`, into `build/` beside them under a name
+that carries a digest of the sources and TorchServe's version (a change of either builds anew).
+
+`scripts/setup.sh` and the container image build it (`python -m torchserve_vision.frontend.agent`);
+`torchserve-vision server` builds it on first use where `javac` is at hand, else says how.
+
+The jar holds the agent class and, under `replacement/`, the compiled class it substitutes
+(stored under another name, so that only the agent can hand it to the JVM).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from torchserve_vision.errors import CommandError
+
+SOURCES = Path(__file__).parent
+AGENT_CLASS = "torchserve_vision.frontend.Agent"
+REPLACEMENT = ("org/pytorch/serve/wlm/ContinuousBatching.class", "replacement/ContinuousBatching.class.bin")
+JAVA_RELEASE = "17"   # TorchServe 0.12's minimum; the runtime may be newer
+
+
+class AgentError(CommandError, RuntimeError):
+    """The agent's jar is missing and cannot be built here."""
+
+
+def java_sources() -> list[Path]:
+    return sorted(SOURCES.glob("*.java"))
+
+
+def frontend_jar() -> Path:
+    """TorchServe's frontend, `ts/frontend/model-server.jar` of the installed package."""
+    spec = importlib.util.find_spec("ts")
+    if spec is None or spec.origin is None:
+        raise AgentError("TorchServe (the ts package) is not installed in this environment")
+    return Path(spec.origin).parent / "frontend" / "model-server.jar"
+
+
+def agent_jar_path() -> Path:
+    digest = hashlib.sha256(importlib.metadata.version("torchserve").encode())
+    for source in java_sources():
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return SOURCES / "build" / f"frontend-agent-{digest.hexdigest()[:16]}.jar"
+
+
+def agent_jar() -> Path:
+    """The agent's jar, built first if it is not there."""
+    path = agent_jar_path()
+    return path if path.is_file() else build_agent_jar(path)
+
+
+def build_agent_jar(path: Path) -> Path:
+    """Compile the sources against TorchServe's frontend and write the jar to `path` (whole, then
+    renamed: a server starting beside the build never sees half a jar)."""
+    javac = shutil.which("javac")
+    if javac is None:
+        raise AgentError("building the frontend agent needs javac (a JDK 17 or newer; "
+                         "scripts/setup.sh installs openjdk-17-jdk-headless with apt as root)")
+    with tempfile.TemporaryDirectory() as tmp:
+        classes = Path(tmp) / "classes"
+        compiled = subprocess.run(
+            [javac, "--release", JAVA_RELEASE, "-nowarn", "-cp", str(frontend_jar()),
+             "-d", str(classes), *map(str, java_sources())],
+            capture_output=True, text=True, check=False)
+        if compiled.returncode != 0:
+            raise AgentError(f"javac failed:\n{compiled.stdout}{compiled.stderr}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        write_jar(classes, partial)
+        partial.replace(path)
+    return path
+
+
+def write_jar(classes: Path, jar: Path) -> None:
+    manifest = f"Manifest-Version: 1.0\nPremain-Class: {AGENT_CLASS}\n"
+    compiled_name, stored_name = REPLACEMENT
+    with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("META-INF/MANIFEST.MF", manifest)
+        for item in sorted((classes / "torchserve_vision").rglob("*.class")):
+            archive.write(item, item.relative_to(classes).as_posix())
+        archive.write(classes / compiled_name, stored_name)
+
+
+def java_agent_option() -> str:
+    """The JVM option that loads the agent (for config.properties' `vmargs`, which TorchServe
+    splits at whitespace)."""
+    jar = agent_jar()
+    if any(character.isspace() for character in str(jar)):
+        raise AgentError(f"the agent's path has whitespace, which TorchServe's vmargs cannot carry: {jar}")
+    return f"-javaagent:{jar}"
+
+
+if __name__ == "__main__":
+    try:
+        print(agent_jar())
+    except AgentError as error:
+        sys.exit(f"error: {error}")

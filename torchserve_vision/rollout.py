@@ -28,6 +28,7 @@ from typing import Any
 
 from torchserve_vision.archives.versions import (
     ArchiveError,
+    archive_digest,
     archive_manifest,
     archive_with_version,
 )
@@ -244,12 +245,14 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
     if pending is not None and (pending.to_version, pending.to_archive) != (new_version, plan.archive):
         raise RolloutError(half_done_text(pending))
     current = default_version(client, plan.model)
+    digest = archive_digest(store / plan.archive)
     intent = pending or HistoryEntry(
         kind=kind, model=plan.model, to_version=new_version, to_archive=plan.archive,
         to_settings=plan.settings, from_version=current["modelVersion"] if current else None,
         from_archive=current["modelUrl"] if current else None,
         from_settings=ServingSettings.of_version(current) if current else None, time=now_text(),
-        server=server_identity(client, plan.model, current["modelVersion"]) if current else None)
+        server=server_identity(client, plan.model, current["modelVersion"]) if current else None,
+        to_archive_sha256=digest)
     old_version = intent.from_version
     registered = next((v for v in versions_of(client, plan.model) if v["modelVersion"] == new_version),
                       None)
@@ -261,6 +264,11 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
         return intent if client.dry_run or journal is None else journal.end(pending, "done")
     if registered is not None:
         check_resumable(plan, registered, old_version)
+        if pending is not None and pending.to_archive_sha256 not in (None, digest):
+            raise RolloutError(f"{plan.archive} changed since the rollout that registered "
+                               f"{plan.model} {new_version} began (its digest differs from the "
+                               f"recorded one): undo that rollout with `torchserve-vision models "
+                               f"rollout --abort {plan.model}`, then roll the new archive out")
         log(f"{plan.model} {new_version} is already registered as this rollout registers it (an "
             "earlier run stopped half-way): taking up from its workers")
     reference = None

@@ -47,6 +47,9 @@ class HistoryEntry:
     server: str | None = None
     id: str = ""
     pid: int | None = None
+    # SHA-256 of the archive the change brings, as it was when the change began (None: not
+    # recorded, e.g. entries of older files).
+    to_archive_sha256: str | None = None
 
     def as_kind(self, kind: ChangeKind) -> HistoryEntry:
         return replace(self, kind=kind)
@@ -66,7 +69,7 @@ class HistoryEntry:
                    from_version=raw.get("from_version"), from_archive=raw.get("from_archive"),
                    from_settings=settings(raw.get("from_settings")), time=raw["time"],
                    state=raw.get("state", "done"), server=raw.get("server"), id=raw.get("id", ""),
-                   pid=raw.get("pid"))
+                   pid=raw.get("pid"), to_archive_sha256=raw.get("to_archive_sha256"))
 
 
 def now_text() -> str:

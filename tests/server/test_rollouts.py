@@ -42,6 +42,7 @@ from torchserve_vision.rollout import (
     wait_for_drain,
     wait_for_workers,
 )
+from torchserve_vision.rollout_history import HistoryEntry, Journal, now_text
 from torchserve_vision.server_process import TorchServeInstance
 from torchserve_vision.server_state import served_default_version, versions_of
 from torchserve_vision.waiting import wait_until
@@ -205,6 +206,26 @@ def test_a_rollout_to_a_registered_version_is_refused_without_changes(client, ar
         rollout(client, plan(archives["v2"]), model_store, print)
     assert sorted(v["modelVersion"] for v in versions_of(client, MODEL)) == ["1.0", "2.0"]
     assert served_default_version(client, MODEL)["modelVersion"] == "1.0"
+
+
+def test_a_half_done_rollout_whose_archive_changed_since_is_not_taken_up(client, archives,
+                                                                        rollout_server,
+                                                                        model_store, tmp_path):
+    """A rollout that died after registering v2, recorded with v2's archive digest; the archive
+    in the store has changed since (rebuilt): running it again refuses to take the registered
+    version as its own, and --abort undoes it."""
+    history = tmp_path / "history.json"
+    client.register(archives["v2"], SETTINGS.batch_size, SETTINGS.max_batch_delay_ms, 1, 60)
+    wait_for_workers(client, MODEL, "2.0", 1, 120)
+    died = HistoryEntry(kind="rollout", model=MODEL, to_version="2.0", to_archive=archives["v2"],
+                        to_settings=SETTINGS, from_version="1.0", from_archive="efficientnet_lite0-1.0.mar",
+                        from_settings=SETTINGS, time=now_text(), to_archive_sha256="0" * 64)
+    Journal(history).begin(died)
+    with pytest.raises(RolloutError, match="changed since the rollout that registered"):
+        rollout(client, plan(archives["v2"]), model_store, print, Journal(history))
+    assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
+    assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
+    assert states(history) == ["aborted"]
 
 
 def models_command(server: TorchServeInstance, store: Path, history: Path, *args: str) -> list[str]:

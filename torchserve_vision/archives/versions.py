@@ -7,6 +7,7 @@ archive with only the manifest's version changed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -63,6 +64,15 @@ def archive_with_version(store: Path, archive: str, version: str,
             new.writestr(item, data)
     shutil.move(tmp.name, store / target_name)
     return target_name
+
+
+def archive_digest(path: Path) -> str:
+    """SHA-256 of the archive file, hex: what a journal records of the archive a change brings."""
+    digest = hashlib.sha256()
+    with path.open("rb") as archive:
+        for chunk in iter(lambda: archive.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def archive_batching(path: Path) -> str:

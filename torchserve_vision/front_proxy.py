@@ -22,6 +22,12 @@ from torchserve_vision.errors import CommandError
 from torchserve_vision.waiting import wait_until
 
 MODEL_ENDPOINT_PATTERN = r"^/v2/models/[^/]+(/versions/[^/]+)?(/ready)?$"
+# TorchServe 0.12 answers POST /v2/models/{m}/versions/{v}/infer with 501 ("Model versioning is
+# not yet supported", OpenInferenceProtocolRequestHandler); the front sends it to the route that
+# serves versions, /predictions/{m}/{v}, where the handler reads the same v2 body.
+VERSIONED_INFER = r"^/v2/models/[^/]+/versions/[^/]+/infer$"
+TO_PREDICTIONS = (r"""http-request set-path "%[path,regsub('^/v2/models/([^/]+)/versions/([^/]+)/infer\$',"""
+                  r"""'/predictions/\\1/\\2')]" if versioned_infer""")
 
 
 class FrontError(CommandError, RuntimeError):
@@ -60,6 +66,8 @@ defaults
 frontend inference
     bind {bind_host}:{port}
     acl model_endpoint path_reg {MODEL_ENDPOINT_PATTERN}
+    acl versioned_infer path_reg {VERSIONED_INFER}
+    {TO_PREDICTIONS}
     use_backend model_endpoints if METH_GET model_endpoint
     default_backend torchserve
 backend torchserve

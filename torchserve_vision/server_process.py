@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -268,6 +268,7 @@ class ForegroundOptions:
     probe_host: str = "127.0.0.1"
     probe_port: int | None = None  # None: no probe endpoint (see pod_health)
     front_port: int | None = None  # None: no front (see front_proxy); needs probe_port
+    grpc_front_port: int | None = None  # None: no gRPC front (see grpc_front); needs front_port
 
     @property
     def stop_bound_s(self) -> float:
@@ -277,6 +278,25 @@ class ForegroundOptions:
 DEFAULT_FOREGROUND = ForegroundOptions()
 # The front's bound on one request: longer than any response timeout TorchServe applies first.
 FRONT_TIMEOUT_S = 600
+
+
+def grpc_front_for(instance: TorchServeInstance,
+                   options: ForegroundOptions) -> AbstractContextManager[object]:
+    """The gRPC front of `server run` (imported here: it needs `tritonclient[grpc]`, which only
+    a server with a gRPC front uses), forwarding to the front on this host; messages as large
+    as the config's max_request_size."""
+    try:
+        from torchserve_vision.grpc_front import GrpcFront
+    except ImportError as missing:
+        raise ServerError(f"the gRPC front needs tritonclient[grpc] ({missing}): pip install "
+                          "'torchserve-vision[grpc-front]'") from missing
+
+    assert options.grpc_front_port is not None and options.front_port is not None
+    connect_host = "127.0.0.1" if options.probe_host in ("0.0.0.0", "::", "") else options.probe_host
+    properties = read_properties(instance.config_path)
+    largest = max(int(properties.get(name, 6553500)) for name in ("max_request_size", "max_response_size"))
+    return GrpcFront(options.probe_host, options.grpc_front_port,
+                     f"http://{connect_host}:{options.front_port}", FRONT_TIMEOUT_S, largest)
 
 
 def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = None,
@@ -300,6 +320,8 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     front: FrontProxy | nullcontext[None] = nullcontext()
     if options.front_port is not None and options.probe_port is None:
         raise ServerError("a front needs the probe port (its model endpoints live there)")
+    if options.grpc_front_port is not None and options.front_port is None:
+        raise ServerError("the gRPC front needs the front (it forwards to the front's address)")
     if options.probe_port is not None:
         endpoints = None
         if options.front_port is not None:
@@ -309,8 +331,9 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     if options.front_port is not None and options.probe_port is not None:
         front = FrontProxy(front_config(options.probe_host, options.front_port, instance.inference_url,
                                         options.probe_port, FRONT_TIMEOUT_S), options.front_port)
+    grpc_front = nullcontext() if options.grpc_front_port is None else grpc_front_for(instance, options)
     try:
-        with probes, front:
+        with probes, front, grpc_front:
             try:
                 start(instance, store, options.start_timeout_s, cancelled=stop_requested)
             except ServerError:

@@ -22,7 +22,8 @@ n, as Triton's are for a model that batches (shape [1]: outputs [1, k]). Outputs
 differ from image to image (a detector's boxes) are padded to the largest (BYTES "", numbers 0,
 ids -1) and come with `<name>_shapes` (INT64 [n, rank]): each image's own shape. A UINT8 input
 is one encoded image and is answered without that dimension. Request `parameters` are the
-request's options, as the JSON fields of a `/predictions` request (`top_k` for a classifier;
+request's options (but for `timeout`, microseconds: the time the client gives the request, kept
+as its deadline), as the JSON fields of a `/predictions` request (`top_k` for a classifier;
 `score_threshold`, `iou_threshold`, `max_detections`, `classes` for a detector). The answer:
 
     {"model_name": ..., "model_version": ..., "id": "42",
@@ -44,14 +45,17 @@ from handlers.errors import ClientError
 TensorOutput = dict[str, Any]
 BINARY_HEADER = "Inference-Header-Content-Length"
 # Request parameters of the protocol itself, not options of the model.
-PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "binary_data_size"})
+PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "binary_data_size", "timeout"})
 
 
 @dataclass(frozen=True)
 class V2Request:
-    """What the answer needs from a v2 request: its id (None when it sent none)."""
+    """What the answer needs from a v2 request: its id (None when it sent none), and its
+    `timeout` parameter (microseconds, as tritonclient sends it) in seconds: how long the client
+    gives the request (None: not said, or 0), for the server to honour as its deadline."""
 
     id: str | None
+    timeout_s: float | None = None
 
 
 def is_v2_request(body: object) -> bool:
@@ -104,8 +108,11 @@ def request_fields(body: Mapping[str, Any]) -> tuple[V2Request, dict[str, Any]]:
         raise _invalid("'parameters' must be an object")
     if "data" in parameters:
         raise _invalid("'data' is not a parameter; send the image as the input tensor")
+    timeout = parameters.get("timeout", 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise _invalid(f"'timeout' is microseconds, a whole number >= 0; got {timeout!r}")
     options = {name: value for name, value in parameters.items() if name not in PROTOCOL_PARAMETERS}
-    return V2Request(request_id), options
+    return V2Request(request_id, timeout / 1e6 if timeout else None), options
 
 
 def v2_to_row(body: Mapping[str, Any]) -> tuple[dict[str, Any], V2Request]:

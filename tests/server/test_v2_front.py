@@ -1,6 +1,7 @@
-"""`server run --front-port`: HAProxy in front of a real TorchServe, with the model endpoints of the
-Open Inference Protocol that TorchServe does not route. `tritonclient.http`, unchanged, finds
-every call it makes on the front's one address: server and model liveness, readiness and
+"""`server run --front-port --grpc-front-port`: HAProxy in front of a real TorchServe, with the model
+endpoints of the Open Inference Protocol that TorchServe does not route, and the protocol's
+standard gRPC service translated onto it. `tritonclient.http` and `tritonclient.grpc`, unchanged,
+find every call they make on one address each: server and model liveness, readiness and
 metadata, and inference, with token authorization on (the production config)."""
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.images import CAT_LABELS, photo_bytes
+from tests.server.http_client import concurrently
 from tests.server.test_triton_client import image_input, labels
 from torchserve_vision import paths
 from torchserve_vision.lab.pods import Pod
@@ -29,9 +32,10 @@ def fronted_pod(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     directory = tmp_path_factory.mktemp("front")
     config = server_config(directory, model_store, paths.PRODUCTION_CONFIG,
                            load_models=f"{CLASSIFIER}-1.0.mar,{DETECTOR}-1.0.mar")
+    front_port, grpc_front_port = free_ports(2)
     pod = Pod("fronted", config, directory / "run", model_store, drain_delay_s=0.0,
               environment={"TSV_WORKERS": "1", "TSV_TOKEN_AUTHORIZATION": "on"},
-              front_port=free_ports(1)[0])
+              front_port=front_port, grpc_front_port=grpc_front_port)
     try:
         pod.start()
         pod.wait_ready()
@@ -88,6 +92,21 @@ def test_inference_goes_through_the_front_unchanged(client, key):
     assert np.isfinite(boxes.as_numpy("scores")).all()
 
 
+def test_a_version_is_served_by_name_over_http_and_grpc(client, key, grpc_client, grpc_key):
+    """TorchServe alone answers /v2/models/{m}/versions/{v}/infer with 501; the front serves it."""
+    photo = photo_bytes("chelsea.png")
+    result = client.infer(CLASSIFIER, [image_input(photo)], model_version="1.0", headers=key)
+    assert result.get_response()["model_version"] == "1.0" and labels(result)[0][0] in CAT_LABELS
+    over_grpc = grpc_client.infer(CLASSIFIER, [grpc_image(photo)], model_version="1.0", headers=grpc_key)
+    assert over_grpc.get_response().model_version == "1.0"
+    with pytest.raises(InferenceServerException) as unknown:
+        client.infer(CLASSIFIER, [image_input(photo)], model_version="9.9", headers=key)
+    assert unknown.value.status() == "404"
+    with pytest.raises(InferenceServerException) as unknown_over_grpc:
+        grpc_client.infer(CLASSIFIER, [grpc_image(photo)], model_version="9.9", headers=grpc_key)
+    assert unknown_over_grpc.value.status() == "StatusCode.NOT_FOUND"
+
+
 def test_the_model_endpoints_ask_for_the_key_as_inference_does(fronted_pod: Pod):
     url = f"http://{front_url(fronted_pod)}/v2/models/{CLASSIFIER}"
     assert requests.get(url, timeout=10).status_code == 401
@@ -95,3 +114,103 @@ def test_the_model_endpoints_ask_for_the_key_as_inference_does(fronted_pod: Pod)
     refused = requests.post(f"http://{front_url(fronted_pod)}/predictions/{CLASSIFIER}",
                             data=photo_bytes("chelsea.png"), timeout=30)
     assert refused.status_code in (400, 401)            # TorchServe's own answer, passed through
+
+
+# --- the gRPC front: tritonclient.grpc ----------------------------------------------------------
+@pytest.fixture
+def grpc_client(fronted_pod: Pod) -> Iterator[triton_grpc.InferenceServerClient]:
+    with triton_grpc.InferenceServerClient(f"127.0.0.1:{fronted_pod.grpc_front_port}") as client:
+        yield client
+
+
+@pytest.fixture
+def grpc_key(key: dict[str, str]) -> dict[str, str]:
+    """The key as gRPC metadata (whose names are lower case)."""
+    return {name.lower(): value for name, value in key.items()}
+
+
+def grpc_image(image: bytes, datatype: str = "BYTES") -> triton_grpc.InferInput:
+    if datatype == "UINT8":
+        tensor = triton_grpc.InferInput("image", [len(image)], "UINT8")
+        tensor.set_data_from_numpy(np.frombuffer(image, dtype=np.uint8))
+        return tensor
+    tensor = triton_grpc.InferInput("image", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([image], dtype=np.object_))
+    return tensor
+
+
+def grpc_labels(result: triton_grpc.InferResult) -> list[list[str]]:
+    return [[value.decode() for value in row] for row in result.as_numpy("labels").tolist()]
+
+
+def test_grpc_health_readiness_and_metadata(grpc_client, grpc_key):
+    assert grpc_client.is_server_live(headers=grpc_key) and grpc_client.is_server_ready(headers=grpc_key)
+    assert grpc_client.is_model_ready(CLASSIFIER, headers=grpc_key)
+    assert grpc_client.is_model_ready(DETECTOR, model_version="1.0", headers=grpc_key)
+    assert not grpc_client.is_model_ready("no_such_model", headers=grpc_key)
+    server = grpc_client.get_server_metadata(headers=grpc_key)
+    assert server.version == "0.12.0" and "kserve" in server.extensions
+    metadata = grpc_client.get_model_metadata(CLASSIFIER, headers=grpc_key, as_json=True)
+    assert metadata["versions"] == ["1.0"]
+    assert metadata["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": ["-1"]}]
+    assert {output["name"]: output["datatype"] for output in metadata["outputs"]} == {
+        "labels": "BYTES", "probabilities": "FP32", "class_ids": "INT64"}
+    with pytest.raises(InferenceServerException) as raised:
+        grpc_client.get_model_metadata("no_such_model", headers=grpc_key)
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
+
+
+@pytest.mark.parametrize("datatype", ["BYTES", "UINT8"])
+def test_grpc_inference_gives_the_http_answer(grpc_client, grpc_key, client, key, datatype):
+    photo = photo_bytes("chelsea.png")
+    result = grpc_client.infer(CLASSIFIER, [grpc_image(photo, datatype)], request_id="g1",
+                               parameters={"top_k": 3}, headers=grpc_key)
+    over_http = client.infer(CLASSIFIER, [image_input(photo, datatype)], parameters={"top_k": 3},
+                             headers=key)
+    assert result.get_response().id == "g1"
+    found = [label.decode() for label in result.as_numpy("labels").reshape(-1)]  # BYTES as bytes
+    assert found == [str(label) for label in over_http.as_numpy("labels").reshape(-1)]
+    assert found[0] in CAT_LABELS
+    assert result.as_numpy("class_ids").dtype == np.int64
+    np.testing.assert_array_equal(result.as_numpy("probabilities"), over_http.as_numpy("probabilities"))
+    assert result.as_numpy("probabilities").shape == ((1, 3) if datatype == "BYTES" else (3,))
+
+
+def test_grpc_several_images_and_asked_outputs_of_the_detector(grpc_client, grpc_key):
+    images = np.array([photo_bytes("astronaut.png"), photo_bytes("chelsea.png")], dtype=np.object_)
+    tensor = triton_grpc.InferInput("image", [2], "BYTES")
+    tensor.set_data_from_numpy(images)
+    asked = [triton_grpc.InferRequestedOutput("boxes"), triton_grpc.InferRequestedOutput("scores")]
+    result = grpc_client.infer(DETECTOR, [tensor], outputs=asked, headers=grpc_key,
+                               parameters={"max_detections": 3, "score_threshold": 0.0})
+    assert [output.name for output in result.get_response().outputs] == ["boxes", "scores"]
+    assert result.as_numpy("boxes").shape == (2, 3, 4) and result.as_numpy("scores").shape == (2, 3)
+    assert not np.array_equal(result.as_numpy("boxes")[0], result.as_numpy("boxes")[1])
+
+
+def test_grpc_refusals_are_statuses_with_the_handlers_reason(grpc_client, grpc_key):
+    with pytest.raises(InferenceServerException) as unauthenticated:
+        grpc_client.infer(CLASSIFIER, [grpc_image(photo_bytes("chelsea.png"))])
+    assert unauthenticated.value.status() == "StatusCode.UNAUTHENTICATED"
+    with pytest.raises(InferenceServerException) as unknown:
+        grpc_client.infer("no_such_model", [grpc_image(photo_bytes("chelsea.png"))], headers=grpc_key)
+    assert unknown.value.status() == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as too_many:
+        grpc_client.infer(CLASSIFIER, [grpc_image(photo_bytes("chelsea.png"))],
+                          parameters={"top_k": 5000}, headers=grpc_key)
+    assert too_many.value.status() == "StatusCode.INVALID_ARGUMENT" and "top_k" in too_many.value.message()
+
+    def asking(body: bytes):
+        def call() -> object:
+            try:
+                return grpc_labels(grpc_client.infer(CLASSIFIER, [grpc_image(body)], headers=grpc_key))
+            except InferenceServerException as error:
+                return error.status(), error.message()
+        return call
+
+    bodies = [photo_bytes("chelsea.png")] * 7
+    bodies.insert(3, b"not an image")
+    answers = concurrently([asking(body) for body in bodies], len(bodies))
+    status, message = answers.pop(3)
+    assert status == "StatusCode.INVALID_ARGUMENT" and "text" in message
+    assert all(answer[0][0] in CAT_LABELS for answer in answers)

@@ -116,6 +116,21 @@ def test_the_binary_tensor_extension_gives_the_image_bytes_and_the_options():
     assert extract_images(row) == ([b"\x89PNG image bytes"], True)
 
 
+@pytest.mark.parametrize("timeout, seconds", [(250_000, 0.25), (0, None)])
+def test_the_timeout_parameter_is_the_requests_deadline_not_a_model_option(timeout, seconds):
+    body, length = binary_request(b"\x89PNG image bytes", "UINT8", top_k=2, timeout=timeout)
+    row, request = binary_v2_to_row(body, length)
+    assert request == V2Request("9", seconds) and "timeout" not in row
+
+
+@pytest.mark.parametrize("timeout", [-1, 1.5, "250", True])
+def test_a_timeout_that_is_not_whole_microseconds_is_a_400(timeout):
+    body, length = binary_request(b"\x89PNG image bytes", "UINT8", timeout=timeout)
+    with pytest.raises(ClientError) as refused:
+        binary_v2_to_row(body, length)
+    assert refused.value.status == 400 and "timeout" in str(refused.value)
+
+
 def test_a_binary_bytes_input_of_shape_n_gives_n_images():
     images = [b"first", b"", b"third image"]
     data = b"".join(len(image).to_bytes(4, "little") + image for image in images)

@@ -33,6 +33,7 @@ from torchserve_vision.lab import (
     near_duplicates,
     precision_spread,
     profile,
+    protocol_cost,
     rolling_update,
     rollout_drill,
     startup,
@@ -56,7 +57,7 @@ def register(commands: argparse._SubParsersAction, summary: str) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_policies, add_compile_speed,
                 add_precision, add_startup, add_rollout_drill, add_plan,
-                add_rolling_update, add_cascade, add_cache, add_near_duplicates):
+                add_rolling_update, add_cascade, add_cache, add_near_duplicates, add_protocols):
         add(actions)
 
 
@@ -459,6 +460,29 @@ def run_rolling_update(args: argparse.Namespace) -> int:
                                      on_step=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(rolling_update.report_document(report), indent=2) if args.json else report.table())
     return 0 if report.failed == 0 and all(step.exit_code == 0 for step in report.steps) else 1
+
+
+# --- protocols ----------------------------------------------------------------------------------
+def add_protocols(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "protocols",
+                        "tritonclient over HTTP (direct, through the front) and gRPC (the gRPC front)",
+                        protocol_cost.__doc__ or "", [own_server_flags(), json_flag()])
+    model_flag(parser)
+    image_size_flag(parser)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per way and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.set_defaults(run=run_protocols)
+
+
+def run_protocols(args: argparse.Namespace) -> int:
+    figures = protocol_cost.measure(args.config, own_server_store(args), args.model,
+                                    benchmark_jpeg(args.image_size), args.clients, args.duration,
+                                    args.rounds,
+                                    on_step=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps([asdict(figure) for figure in figures], indent=2) if args.json
+          else protocol_cost.markdown(figures))
+    return 0
 
 
 # --- cascade ------------------------------------------------------------------------------------

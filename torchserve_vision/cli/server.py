@@ -78,6 +78,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                               "plus the Open Inference Protocol's model metadata and readiness, "
                               "GET /v2/models/{m}[/ready], which TorchServe does not route; needs "
                               "--probe-port (default: $TSV_FRONT_PORT; none when unset)")
+    grpc_front_port = os.environ.get("TSV_GRPC_FRONT_PORT")
+    probing.add_argument("--grpc-front-port", type=int,
+                         default=int(grpc_front_port) if grpc_front_port else None,
+                         help="serve the Open Inference Protocol's standard gRPC service "
+                              "(inference.GRPCInferenceService, what tritonclient.grpc calls) on "
+                              "this port, forwarded to the front; needs --front-port (default: "
+                              "$TSV_GRPC_FRONT_PORT; none when unset)")
     probing.add_argument("--drain-delay", type=float, default=0.0,
                          help="seconds to keep serving after SIGTERM with readiness false, before "
                               "draining (time for load balancers to stop sending)")
@@ -128,7 +135,8 @@ def run_foreground(args: argparse.Namespace) -> int:
     options = ForegroundOptions(start_timeout_s=args.timeout, drain_delay_s=args.drain_delay,
                                 drain_timeout_s=args.drain_timeout,
                                 probe_host=instance.settings.bind_address or "127.0.0.1",
-                                probe_port=args.probe_port, front_port=args.front_port)
+                                probe_port=args.probe_port, front_port=args.front_port,
+                                grpc_front_port=args.grpc_front_port)
     if instance.settings.describe():
         print(f"from the environment: {instance.settings.describe()}", flush=True)
 
@@ -136,6 +144,8 @@ def run_foreground(args: argparse.Namespace) -> int:
         probes = f"; probes on port {args.probe_port}" if args.probe_port is not None else ""
         if args.front_port is not None:
             probes += f"; the front (Open Inference Protocol, model endpoints) on port {args.front_port}"
+        if args.grpc_front_port is not None:
+            probes += f"; its gRPC front (inference.GRPCInferenceService) on port {args.grpc_front_port}"
         print(f"TorchServe is ready at {instance.inference_url}{probes}; stop with SIGTERM or "
               "Ctrl-C", flush=True)
 

@@ -11,19 +11,25 @@
  *
  * This class takes the place of TorchServe's ContinuousBatching (its streaming aggregator, which
  * the frontend picks for an archive whose model-config.yaml says `continuousBatching: true`) when
- * the frontend runs with this project's agent (Agent.java). Everything but gathering a batch is
- * TorchServe's BatchAggregator: the request sent to the worker, answers, errors, retries.
+ * the frontend runs with this project's agent (Agent.java). Everything but gathering a batch, and
+ * the status of a refused gRPC request (sendResponse, below), is TorchServe's BatchAggregator:
+ * the request sent to the worker, answers, errors, retries.
  * The model's queue and lock are private fields of TorchServe's Model: read once, here, by
  * reflection (TorchServe 0.12.0 is the last release; its Model class will not change).
  */
 package org.pytorch.serve.wlm;
 
 import java.lang.reflect.Field;
+import java.nio.charset.StandardCharsets;
+import java.util.Iterator;
 import java.util.Map;
 import java.util.concurrent.LinkedBlockingDeque;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
+import org.pytorch.serve.job.GRPCJob;
 import org.pytorch.serve.job.Job;
+import org.pytorch.serve.util.messages.ModelWorkerResponse;
+import org.pytorch.serve.util.messages.Predictions;
 import org.pytorch.serve.util.messages.WorkerCommands;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -98,5 +104,28 @@ public class ContinuousBatching extends BatchAggregator {
         } finally {
             modelLock.unlock();
         }
+    }
+
+    /** TorchServe's gRPC jobs send whatever body a request gets as an answer with status OK
+     * (GRPCJob.response ignores the per-request status), so a client of its gRPC API could not
+     * tell a refused request from an answer. Here a request the handler answered with a status of
+     * 400 or more is sent to a gRPC client as that status's gRPC error (INVALID_ARGUMENT for 400,
+     * RESOURCE_EXHAUSTED for 413, UNAVAILABLE for 503, as TorchServe maps them), the handler's
+     * JSON as its message; HTTP requests keep TorchServe's path (status, headers and body). */
+    @Override
+    public boolean sendResponse(ModelWorkerResponse message) {
+        if (message.getCode() == 200 && message.getPredictions() != null) {
+            Iterator<Predictions> predictions = message.getPredictions().iterator();
+            while (predictions.hasNext()) {
+                Predictions prediction = predictions.next();
+                Job job = jobs.get(prediction.getRequestId());
+                if (job instanceof GRPCJob && prediction.getStatusCode() >= 400) {
+                    job.sendError(prediction.getStatusCode(),
+                            new String(prediction.getResp(), StandardCharsets.UTF_8));
+                    predictions.remove();
+                }
+            }
+        }
+        return super.sendResponse(message);
     }
 }

@@ -36,6 +36,7 @@ class Pod:
     environment: dict[str, str] = field(default_factory=dict)
     probe_port: int = field(default_factory=lambda: free_ports(1)[0])
     front_port: int | None = None      # `--front-port`: none unless given
+    grpc_front_port: int | None = None  # `--grpc-front-port` (needs front_port): none unless given
     process: subprocess.Popen[bytes] | None = None
     signalled_at: float | None = None
 
@@ -63,6 +64,8 @@ class Pod:
                    "--drain-delay", str(self.drain_delay_s), "--drain-timeout", str(self.drain_timeout_s)]
         if self.front_port is not None:
             command += ["--front-port", str(self.front_port)]
+        if self.grpc_front_port is not None:
+            command += ["--grpc-front-port", str(self.grpc_front_port)]
         with open(self.output_path, "ab") as output:
             self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
                                             env={**os.environ, **self.environment})

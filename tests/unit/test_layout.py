@@ -22,7 +22,8 @@ def test_every_module_is_on_the_layout_page():
 
 def test_every_module_on_the_layout_page_exists():
     named = set(re.findall(r"(?<![\w*])(\w+\.py)\b", LAYOUT))
-    scripts_and_tests = {path.name for path in ROOT.glob("tests/**/*.py")}
+    scripts_and_tests = {path.name for pattern in ("tests/**/*.py", "scripts/*.py")
+                         for path in ROOT.glob(pattern)}
     assert named - modules() - scripts_and_tests == set()
 
 

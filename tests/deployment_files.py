@@ -79,7 +79,8 @@ def container(resources: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def container_environment(spec: dict[str, Any]) -> dict[str, str]:
-    return {item["name"]: item["value"] for item in spec.get("env", [])}
+    """The container's variables with a value written out (not those from `valueFrom`)."""
+    return {item["name"]: item["value"] for item in spec.get("env", []) if "value" in item}
 
 
 def container_ports(spec: dict[str, Any]) -> dict[str, int]:

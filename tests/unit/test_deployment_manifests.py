@@ -27,6 +27,7 @@ from tests.deployment_files import (
     rendered,
     resource,
 )
+from tests.kserve_merge import isvc_container, merged_container, resource_problems
 from torchserve_vision import paths
 from torchserve_vision.cli import command_parser
 from torchserve_vision.deployment_settings import DeploymentSettings
@@ -115,8 +116,6 @@ def test_the_container_runs_the_entrypoint_with_a_config_the_image_has(overlay):
     assert dockerfile.exec_form("ENTRYPOINT") == ["torchserve-vision"]
     parsed = run_arguments(spec["args"])
     assert (REPO / parsed.config).is_file()
-    isvc_arguments = yaml.safe_load(ISVC.read_text())["spec"]["predictor"]["model"]["args"]
-    assert run_arguments(isvc_arguments).model_store == Path("/mnt/models/model-store")
 
 
 def test_ports_probes_and_network_policy_agree_with_the_config(overlay):
@@ -197,3 +196,106 @@ def test_the_dockerfile_copies_files_that_exist_and_runs_as_a_user():
     assert user and not user[-1].startswith(("0", "root"))
     ignored = (REPO / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".run" in ignored
+
+
+def test_the_autoscaler_alone_owns_the_replica_count(overlay):
+    _, resources = overlay
+    assert "replicas" not in resource(resources, "Deployment")["spec"]
+    assert resource(resources, "HorizontalPodAutoscaler")["spec"]["minReplicas"] >= 2
+
+
+def test_replicas_spread_over_nodes_and_zones(overlay):
+    _, resources = overlay
+    pod = resource(resources, "Deployment")["spec"]["template"]
+    spread = {c["topologyKey"]: c for c in pod["spec"]["topologySpreadConstraints"]}
+    assert spread["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+    assert "topology.kubernetes.io/zone" in spread
+    for constraint in spread.values():
+        assert constraint["maxSkew"] == 1
+        assert constraint["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_scratch_space_is_bounded_and_requested(overlay):
+    _, resources = overlay
+    pod = resource(resources, "Deployment")["spec"]["template"]["spec"]
+    limits = [volume["emptyDir"]["sizeLimit"] for volume in pod["volumes"] if "emptyDir" in volume]
+    assert len(limits) == len([volume for volume in pod["volumes"] if "emptyDir" in volume]) > 0
+    gibibytes = sum(float(limit.removesuffix("Gi")) for limit in limits)
+    requested = container(resources)["resources"]["requests"]["ephemeral-storage"]
+    assert float(requested.removesuffix("Gi")) >= gibibytes
+
+
+def test_the_jvm_sees_the_cpu_request_not_the_nodes_cores(overlay):
+    _, resources = overlay
+    spec = container(resources)
+    variables = {variable["name"]: variable for variable in spec["env"]}
+    source = variables["CPU_REQUEST"]["valueFrom"]["resourceFieldRef"]
+    assert (source["resource"], source["divisor"], source["containerName"]) == (
+        "requests.cpu", "1", spec["name"])
+    names = [variable["name"] for variable in spec["env"]]
+    assert names.index("CPU_REQUEST") < names.index("JAVA_TOOL_OPTIONS")   # $(...) sees only earlier ones
+    assert variables["JAVA_TOOL_OPTIONS"]["value"] == "-XX:ActiveProcessorCount=$(CPU_REQUEST)"
+
+
+def test_a_pod_that_is_not_ready_never_blocks_a_node_drain(overlay):
+    _, resources = overlay
+    assert resource(resources, "PodDisruptionBudget")["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+# --- KServe: the runtime and the InferenceService as KServe merges them -----------------------------
+SERVING_RUNTIME = DEPLOY / "kserve" / "servingruntime.yaml"
+SERVING_RUNTIME_SCHEMA = REPO / "tests" / "schemas" / "kserve-v0.20.0-servingruntime-v1alpha1.schema.json"
+# KServe v0.20.0's own TorchServe runtime (config/runtimes/kserve-torchserve.yaml), the fields
+# that clashed with this project's InferenceService when it used that runtime.
+KSERVE_TORCHSERVE_CONTAINER = {
+    "name": "kserve-container", "image": "kserve-torchserve:replace",
+    "args": ["torchserve", "--start", "--model-store=/mnt/models/model-store",
+             "--ts-config=/mnt/models/config/config.properties"],
+    "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
+    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}}
+
+
+def merged_pod(runtime_container: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    container = merged_container(runtime_container, isvc_container(model))
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "torchserve-vision-predictor"},
+            "spec": {"containers": [container]}}
+
+
+def test_the_serving_runtime_matches_kserves_published_schema():
+    runtime = yaml.safe_load(SERVING_RUNTIME.read_text())
+    validator = jsonschema.Draft7Validator(closed_schema(json.loads(SERVING_RUNTIME_SCHEMA.read_text())))
+    assert [error.message for error in validator.iter_errors(runtime)] == []
+    misspelt = copy.deepcopy(runtime)
+    misspelt["spec"]["supportedModelFormat"] = misspelt["spec"].pop("supportedModelFormats")
+    assert list(validator.iter_errors(misspelt))
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_kserve_merges_runtime_and_inference_service_into_a_valid_pod(version):
+    runtime = yaml.safe_load(SERVING_RUNTIME.read_text())
+    model = yaml.safe_load(ISVC.read_text())["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
+    pod = merged_pod(runtime["spec"]["containers"][0], model)
+    kubernetes_validate.validate(pod, version, strict=True)
+    container_spec = pod["spec"]["containers"][0]
+    assert resource_problems(container_spec) == []
+    parsed = run_arguments(container_spec["args"])
+    assert parsed.model_store == Path("/mnt/models/model-store")
+    assert parsed.config == Path("/mnt/models/config/config.properties")
+    assert container_spec["securityContext"]["runAsUser"] == 10001   # the image's user, who owns .run
+    probes = {container_spec[probe]["httpGet"]["port"] for probe in ("readinessProbe", "livenessProbe")}
+    assert probes == {int(container_environment(container_spec)["TSV_PROBE_PORT"])}
+
+
+def test_the_merge_check_refuses_what_kserves_torchserve_runtime_made_of_the_old_service():
+    """The InferenceService as it was (args, a 3-CPU request) on KServe's TorchServe runtime:
+    the args run together and the CPU limit of 1 sits under a request of 3."""
+    old_model = {"args": ["server", "run", "--config", "/mnt/models/config/config.properties"],
+                 "resources": {"requests": {"cpu": "3", "memory": "4Gi"}, "limits": {"memory": "6Gi"}}}
+    container_spec = merged_pod(KSERVE_TORCHSERVE_CONTAINER, old_model)["spec"]["containers"][0]
+    assert container_spec["args"][:2] == ["torchserve", "--start"] and "server" in container_spec["args"]
+    assert resource_problems(container_spec) == ["cpu: request 3 > limit 1"]
+    with pytest.raises(SystemExit):
+        command_parser().parse_args(container_spec["args"])

@@ -103,6 +103,10 @@ class FrontProxy:
                    error=FrontError)
         return self
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     def __exit__(self, *exc: object) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()

@@ -12,5 +12,7 @@ PRODUCTION_CONFIG = Path("config/config.production.properties")
 SERVER_CONFIGS = (DEVELOPMENT_CONFIG, PRODUCTION_CONFIG)
 # Frontend logging at INFO, each line once, written off the request path (see the file).
 LOG_CONFIG = Path("config/log4j2.xml")
+# The same logs on standard output, for a container (`server run --log-to stdout`).
+STDOUT_LOG_CONFIG = Path("config/log4j2-stdout.xml")
 RUN_DIR = Path(".run")
 ROLLOUT_HISTORY = RUN_DIR / "rollout_history.json"

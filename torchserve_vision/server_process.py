@@ -53,6 +53,9 @@ class TorchServeInstance:
     metrics_url: str
     log_config: Path | None = paths.LOG_CONFIG  # None: TorchServe's built-in log4j2 config
     settings: DeploymentSettings = AS_WRITTEN  # from the environment, for `server run`
+    # TorchServe's output (and, with paths.STDOUT_LOG_CONFIG, every log) on this process's
+    # standard output instead of run_dir/torchserve.out
+    log_to_stdout: bool = False
 
     @property
     def tmp_dir(self) -> Path:
@@ -108,7 +111,8 @@ class TorchServeInstance:
 
 
 def instance_for(config_path: Path, run_dir: Path, log_config: Path | None = paths.LOG_CONFIG,
-                 settings: DeploymentSettings = AS_WRITTEN) -> TorchServeInstance:
+                 settings: DeploymentSettings = AS_WRITTEN,
+                 log_to_stdout: bool = False) -> TorchServeInstance:
     properties = settings.apply(read_properties(config_path))
     return TorchServeInstance(
         run_dir=run_dir.resolve(),
@@ -118,6 +122,7 @@ def instance_for(config_path: Path, run_dir: Path, log_config: Path | None = pat
         metrics_url=local_url(properties.get("metrics_address", "http://127.0.0.1:8082")),
         log_config=log_config.resolve() if log_config else None,
         settings=settings,
+        log_to_stdout=log_to_stdout,
     )
 
 
@@ -193,13 +198,22 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
              "--model-store", str(store.resolve())]
     if instance.log_config is not None:
         extra += ["--log-config", str(instance.log_config)]
-    with open(instance.run_dir / "torchserve.out", "ab") as output:
+    if instance.log_to_stdout:
+        sys.stdout.flush()
+        # The frontend inherits this process's standard output and keeps it after the command
+        # returns: its console logs go where a container's logs are read.
         result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
-                                env=instance.environment(), stdout=output,
-                                stderr=subprocess.STDOUT, check=False)
-    if result.returncode != 0:
-        text = (instance.run_dir / "torchserve.out").read_text(errors="replace")[-2000:]
-        raise ServerError(f"torchserve --start failed ({result.returncode}):\n{text}")
+                                env=instance.environment(), check=False)
+        if result.returncode != 0:
+            raise ServerError(f"torchserve --start failed ({result.returncode}); see its output above")
+    else:
+        with open(instance.run_dir / "torchserve.out", "ab") as output:
+            result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
+                                    env=instance.environment(), stdout=output,
+                                    stderr=subprocess.STDOUT, check=False)
+        if result.returncode != 0:
+            text = (instance.run_dir / "torchserve.out").read_text(errors="replace")[-2000:]
+            raise ServerError(f"torchserve --start failed ({result.returncode}):\n{text}")
     if wait:
         wait_until_healthy(instance, timeout_s, expected_model_count(instance, store), cancelled)
 
@@ -252,7 +266,33 @@ def frontend_pid(instance: TorchServeInstance) -> int | None:
         pid = int(pid_file.read_text().strip() or 0)
     except (OSError, ValueError):
         return None
-    return pid if pid and psutil.pid_exists(pid) else None
+    return pid if pid and process_alive(pid) else None
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs: not gone, and not a zombie (a process that exited and that nobody
+    has reaped yet, which `psutil.pid_exists` counts as existing)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def reap_orphans(keep: Callable[[], set[int]] = set) -> list[int]:
+    """Reap this process's children that have exited, but those in `keep()` (children whose
+    Popen objects wait for them). As a container's PID 1 (and TorchServe's frontend leaves
+    `torchserve --start` behind, so it becomes a child of PID 1), nobody else would: every dead
+    frontend or worker would stay a zombie for the life of the container. Returns the pids reaped."""
+    reaped = []
+    kept = keep()
+    for child in psutil.Process().children():
+        try:
+            if child.pid not in kept and child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+                reaped.append(child.pid)
+        except (psutil.Error, ChildProcessError):
+            continue
+    return reaped
 
 
 @dataclass(frozen=True)
@@ -332,6 +372,9 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
         front = FrontProxy(front_config(options.probe_host, options.front_port, instance.inference_url,
                                         options.probe_port, FRONT_TIMEOUT_S), options.front_port)
     grpc_front = nullcontext() if options.grpc_front_port is None else grpc_front_for(instance, options)
+
+    def own_children() -> set[int]:
+        return {front.pid} if isinstance(front, FrontProxy) and front.pid is not None else set()
     try:
         with probes, front, grpc_front:
             try:
@@ -344,6 +387,7 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
             if not stop_requested.is_set():
                 on_ready()
             while not stop_requested.wait(1.0):
+                reap_orphans(keep=own_children)
                 if frontend_pid(instance) is None:
                     raise ServerError(f"TorchServe exited on its own; see {instance.log_dir}")
             stop_started = time.monotonic()
@@ -358,3 +402,4 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        reap_orphans(keep=own_children)

@@ -85,6 +85,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                               "(inference.GRPCInferenceService, what tritonclient.grpc calls) on "
                               "this port, forwarded to the front; needs --front-port (default: "
                               "$TSV_GRPC_FRONT_PORT; none when unset)")
+    log_to = os.environ.get("TSV_LOG_TO", "files")
+    probing.add_argument("--log-to", choices=["files", "stdout"], default=log_to,
+                         help="files: TorchServe's logs in the run directory's logs/ (default, or "
+                              "$TSV_LOG_TO); stdout: every log on standard output, for a container "
+                              f"({paths.STDOUT_LOG_CONFIG} unless --log-config says otherwise)")
     probing.add_argument("--drain-delay", type=float, default=0.0,
                          help="seconds to keep serving after SIGTERM with readiness false, before "
                               "draining (time for load balancers to stop sending)")
@@ -100,7 +105,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 def instance_from(args: argparse.Namespace) -> TorchServeInstance:
     log_config = None if getattr(args, "builtin_log_config", False) else getattr(args, "log_config",
                                                                                 paths.LOG_CONFIG)
-    return instance_for(args.config, args.run_dir, log_config, DeploymentSettings.from_environment())
+    to_stdout = getattr(args, "log_to", "files") == "stdout"
+    if to_stdout and log_config == paths.LOG_CONFIG:
+        log_config = paths.STDOUT_LOG_CONFIG
+    return instance_for(args.config, args.run_dir, log_config, DeploymentSettings.from_environment(),
+                        log_to_stdout=to_stdout)
 
 
 def run_start(args: argparse.Namespace) -> int:

@@ -37,6 +37,10 @@ class Pod:
     probe_port: int = field(default_factory=lambda: free_ports(1)[0])
     front_port: int | None = None      # `--front-port`: none unless given
     grpc_front_port: int | None = None  # `--grpc-front-port` (needs front_port): none unless given
+    # As a container runs it: PID 1 of a PID namespace of its own (unshare; root only), which
+    # adopts what TorchServe leaves behind and dies with its namespace.
+    pid_namespace: bool = False
+    log_to: str = "files"              # `--log-to`: files (run_dir/logs) or stdout (output_path)
     process: subprocess.Popen[bytes] | None = None
     signalled_at: float | None = None
 
@@ -66,6 +70,9 @@ class Pod:
             command += ["--front-port", str(self.front_port)]
         if self.grpc_front_port is not None:
             command += ["--grpc-front-port", str(self.grpc_front_port)]
+        command += ["--log-to", self.log_to]
+        if self.pid_namespace:
+            command = ["unshare", "--pid", "--mount-proc", "--kill-child", *command]
         with open(self.output_path, "ab") as output:
             self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
                                             env={**os.environ, **self.environment})

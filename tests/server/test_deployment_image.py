@@ -1,6 +1,7 @@
 """The container image's command, rehearsed on the host (no container engine here): the image's
 layout (config/, model_store/ in the working directory), the Dockerfile's ENTRYPOINT + CMD and
-ENV, only the ports moved to free ones. It must become ready, serve with the production posture
+ENV, only the ports moved to free ones; as the image's user and as an arbitrary UID in group 0
+(OpenShift's way). It must become ready, serve with the production posture
 (token authorization on unless the deployment turns it off), expose the Prometheus series the
 autoscaler's adapter rules read, and exit 0 on SIGTERM."""
 
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,20 +35,40 @@ def adapter_series() -> set[str]:
     return {rule["seriesQuery"].split("{")[0] for rule in rules}
 
 
+# OpenShift runs a container as an arbitrary UID in group 0: the image's writable paths belong to
+# group 0 with group write (the Dockerfile's `.run`), so any UID can run it. Here the interpreter
+# lives under the host's /root (the image's is world-readable), so the UID keeps the capability to
+# read and search any file (CAP_DAC_READ_SEARCH), not to write one: every write still needs the
+# group-0 permission under test.
+ANY_UID = ["setpriv", "--reuid=12345", "--regid=0", "--clear-groups",
+           "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+
+
+@pytest.mark.parametrize("user", ["image user", "any uid in group 0"])
 def test_the_image_command_serves_exposes_the_autoscaling_series_and_stops_cleanly(model_store: Path,
-                                                                                    tmp_path: Path):
+                                                                                    tmp_path: Path, user):
     dockerfile = Dockerfile.read()
     command = dockerfile.exec_form("ENTRYPOINT") + dockerfile.exec_form("CMD")
     config_argument = Path(command[command.index("--config") + 1])
-    workdir = tmp_path / "srv"
+    # A directory every UID can enter (pytest's own are the owner's only), as the image's is.
+    base = Path(tempfile.mkdtemp(prefix="image-"))
+    base.chmod(0o755)
+    workdir = base / "srv"
     shutil.copytree(REPO / "config", workdir / "config")
     shutil.copytree(model_store, workdir / "model_store")
+    for directory in (workdir, workdir / "config", workdir / "model_store"):
+        directory.chmod(0o755)
     moved = server_config(tmp_path / "ports", Path("model_store"), REPO / config_argument)
     moved.replace(workdir / config_argument)
+    (workdir / config_argument).chmod(0o644)
     (workdir / ".run").mkdir()
+    os.chown(workdir / ".run", -1, 0)                  # as the Dockerfile leaves it: group 0, g+rwX
+    (workdir / ".run").chmod(0o770)
+    if user != "image user":
+        command = ANY_UID + command
     probe_port = free_ports(1)[0]
     environment = {**os.environ, **dockerfile.environment(), "TSV_PROBE_PORT": str(probe_port),
-                   "HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+                   "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     properties = read_properties(workdir / config_argument)
     inference = local_url(properties["inference_address"].replace("127.0.0.1", "0.0.0.0"))
     metrics = local_url(properties["metrics_address"].replace("127.0.0.1", "0.0.0.0"))
@@ -81,3 +103,4 @@ def test_the_image_command_serves_exposes_the_autoscaling_series_and_stops_clean
         pid_file = workdir / ".run" / "tmp" / ".model_server.pid"
         if pid_file.exists():
             subprocess.run(["kill", pid_file.read_text().strip()], check=False)
+        shutil.rmtree(base, ignore_errors=True)

@@ -194,6 +194,9 @@ def test_the_dockerfile_copies_files_that_exist_and_runs_as_a_user():
             assert (REPO / source).exists(), source
     user = [arguments for name, arguments in dockerfile.final_stage() if name == "USER"]
     assert user and not user[-1].startswith(("0", "root"))
+    # the writable run directory: group 0, group-writable (any UID in group 0 can run the image)
+    runs = " ".join(arguments for name, arguments in dockerfile.final_stage() if name == "RUN")
+    assert "chown serve:0 .run" in runs and "chmod g+rwX .run" in runs
     ignored = (REPO / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".run" in ignored
 

@@ -4,6 +4,8 @@
 #     and javac for the frontend agent (torchserve_vision/frontend),
 #   - HAProxy, the front of `server run --front-port` and the load balancer of the rolling-update
 #     rehearsal (the same way; optional: only those and their tests need it),
+#   - redis-server and Prometheus (the same way): real parts for the response cache's shared tier
+#     and the autoscaling metrics' tests,
 #   - .venv with the pinned packages of requirements.txt / constraints.txt, and this project
 #     installed into it (editable) with its command, .venv/bin/torchserve-vision,
 #   - the frontend agent's jar.
@@ -61,6 +63,20 @@ ensure_redis() {
        "e.g. 'sudo apt-get install -y redis-server')" >&2
 }
 
+ensure_prometheus() {
+  if command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ]; then
+    return
+  fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing prometheus with apt"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    return
+  fi
+  echo "setup: prometheus not found (the autoscaling metrics' tests need it;" \
+       "e.g. 'sudo apt-get install -y prometheus')" >&2
+}
+
 find_python() {
   for candidate in "${PYTHON:-}" python3.11 python3; do
     if [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 \
@@ -92,6 +108,7 @@ ensure_venv() {
 ensure_java
 ensure_haproxy
 ensure_redis
+ensure_prometheus
 ensure_venv
 # The frontend agent's jar (queued batching), built against the installed TorchServe; nothing
 # happens when it is already there.

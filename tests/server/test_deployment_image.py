@@ -19,7 +19,7 @@ import pytest
 import requests
 import yaml
 
-from tests.deployment_files import REPO, Dockerfile, rendered, resource
+from tests.deployment_files import REPO, Dockerfile
 from tests.images import CAT_LABELS, photo_bytes
 from torchserve_vision.client import KeyFile
 from torchserve_vision.deployment_settings import local_url
@@ -31,7 +31,8 @@ pytestmark = pytest.mark.server
 
 
 def adapter_series() -> set[str]:
-    rules = yaml.safe_load(resource(rendered("cpu"), "ConfigMap")["data"]["config.yaml"])["rules"]
+    values = yaml.safe_load((REPO / "deploy" / "prometheus-adapter" / "values.yaml").read_text())
+    rules = values["rules"]["custom"]
     return {rule["seriesQuery"].split("{")[0] for rule in rules}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ from torchserve_vision.torchserve_config import read_properties
 KUBERNETES_VERSIONS = ("1.33.0", "1.36.0")
 ISVC_SCHEMA = REPO / "tests" / "schemas" / "kserve-v0.20.0-inferenceservice-v1beta1.schema.json"
 ISVC = DEPLOY / "kserve" / "inferenceservice.yaml"
+ADAPTER_VALUES = DEPLOY / "prometheus-adapter" / "values.yaml"
+PODMONITOR_SCHEMA = REPO / "tests" / "schemas" / "prometheus-operator-v0.93.0-podmonitor-v1.schema.json"
 
 
 @pytest.fixture(scope="module", params=["cpu", "gpu"])
@@ -49,10 +52,11 @@ def overlay(request) -> tuple[str, list[dict[str, Any]]]:
 def test_every_resource_is_valid_kubernetes_in_strict_mode(overlay, version):
     _, resources = overlay
     kinds = sorted(r["kind"] for r in resources)
-    assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy",
-                     "PodDisruptionBudget", "Service"]
+    assert kinds == ["Deployment", "HorizontalPodAutoscaler", "NetworkPolicy",
+                     "PodDisruptionBudget", "PodMonitor", "Service"]
     for manifest in resources:
-        kubernetes_validate.validate(manifest, version, strict=True)
+        if manifest["kind"] != "PodMonitor":        # a CRD's: against its own schema, below
+            kubernetes_validate.validate(manifest, version, strict=True)
     assert resource(resources, "HorizontalPodAutoscaler")["apiVersion"] == "autoscaling/v2"
 
 
@@ -140,6 +144,10 @@ def test_ports_probes_and_network_policy_agree_with_the_config(overlay):
     assert [port["port"] for rule in open_rules for port in rule["ports"]] == ["http"]
     annotations = resource(resources, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == ports["metrics"]
+    monitor = resource(resources, "PodMonitor")["spec"]
+    assert [endpoint["port"] for endpoint in monitor["podMetricsEndpoints"]] == ["metrics"]
+    pod_labels = resource(resources, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["selector"]["matchLabels"].items() <= pod_labels.items()
     assert set(Dockerfile.read().all("EXPOSE")[-1].split()) == {str(p) for p in ports.values()}
     assert Dockerfile.read().environment()["TSV_PROBE_PORT"] == environment["TSV_PROBE_PORT"]
 
@@ -177,7 +185,9 @@ def test_workers_times_threads_fit_the_cpu_request(overlay):
 
 def test_the_autoscaler_uses_the_metrics_the_adapter_rules_define(overlay):
     _, resources = overlay
-    rules = yaml.safe_load(resource(resources, "ConfigMap")["data"]["config.yaml"])["rules"]
+    values = yaml.safe_load(ADAPTER_VALUES.read_text())
+    assert values["rules"]["default"] is True       # the chart's rules (resource metrics) stay
+    rules = values["rules"]["custom"]
     defined = {rule["name"]["as"] for rule in rules}
     used = {metric["pods"]["metric"]["name"]
             for metric in resource(resources, "HorizontalPodAutoscaler")["spec"]["metrics"]}
@@ -302,3 +312,38 @@ def test_the_merge_check_refuses_what_kserves_torchserve_runtime_made_of_the_old
     assert resource_problems(container_spec) == ["cpu: request 3 > limit 1"]
     with pytest.raises(SystemExit):
         command_parser().parse_args(container_spec["args"])
+
+
+# --- Prometheus: the PodMonitor and the adapter's rate windows ----------------------------------------
+def duration_s(text: str) -> float:
+    return sum(float(number) * {"s": 1, "m": 60, "h": 3600}[unit]
+               for number, unit in re.findall(r"(\d+)([smh])", text))
+
+
+def test_the_pod_monitor_matches_the_prometheus_operators_published_schema(overlay):
+    _, resources = overlay
+    monitor = resource(resources, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    validator = jsonschema.Draft7Validator(closed_schema(json.loads(PODMONITOR_SCHEMA.read_text())))
+    assert [error.message for error in validator.iter_errors(monitor)] == []
+    misspelt = copy.deepcopy(monitor)
+    misspelt["spec"]["podMetricsEndpoint"] = misspelt["spec"].pop("podMetricsEndpoints")
+    assert list(validator.iter_errors(misspelt))
+
+
+def test_every_rate_window_holds_at_least_four_scrapes(overlay):
+    _, resources = overlay
+    intervals = [duration_s(endpoint["interval"])
+                 for endpoint in resource(resources, "PodMonitor")["spec"]["podMetricsEndpoints"]]
+    windows = [duration_s(window) for rule in yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
+               for window in re.findall(r"\[(\w+)\]", rule["metricsQuery"])]
+    assert windows and intervals
+    assert min(windows) >= 4 * max(intervals)
+
+
+def test_the_network_policy_lets_in_a_labelled_prometheus_namespace_not_a_named_one(overlay):
+    _, resources = overlay
+    metrics_rule = next(rule for rule in resource(resources, "NetworkPolicy")["spec"]["ingress"]
+                        if rule["ports"] == [{"port": "metrics"}])
+    selectors = [source["namespaceSelector"]["matchLabels"] for source in metrics_rule["from"]]
+    assert selectors == [{"torchserve-vision/metrics-scraper": "true"}]

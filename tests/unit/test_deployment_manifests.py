@@ -347,3 +347,21 @@ def test_the_network_policy_lets_in_a_labelled_prometheus_namespace_not_a_named_
                         if rule["ports"] == [{"port": "metrics"}])
     selectors = [source["namespaceSelector"]["matchLabels"] for source in metrics_rule["from"]]
     assert selectors == [{"torchserve-vision/metrics-scraper": "true"}]
+
+
+def test_the_image_installs_its_dependencies_before_it_copies_the_sources():
+    """A change to the sources or the docs must not reinstall torch: the dependencies' layer comes
+    from pyproject.toml and constraints.txt alone, and the package is installed without them."""
+    instructions = Dockerfile.read().instructions
+    installs = [i for i, (name, arguments) in enumerate(instructions)
+                if name == "RUN" and "pip install" in arguments]
+    dependencies, package = installs[0], installs[1]
+    copied_before = {source for name, arguments in instructions[:dependencies] if name == "COPY"
+                     for source in arguments.split()[:-1]}
+    assert copied_before == {"constraints.txt", "pyproject.toml"}
+    assert "-c constraints.txt" in instructions[dependencies][1]
+    assert "['project']['dependencies']" in instructions[dependencies][1]
+    sources = [i for i, (name, arguments) in enumerate(instructions)
+               if name == "COPY" and arguments.split()[0] in ("handlers", "torchserve_vision")]
+    assert dependencies < min(sources) and max(sources) < package
+    assert "--no-deps" in instructions[package][1]

@@ -198,22 +198,18 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
              "--model-store", str(store.resolve())]
     if instance.log_config is not None:
         extra += ["--log-config", str(instance.log_config)]
-    if instance.log_to_stdout:
-        sys.stdout.flush()
-        # The frontend inherits this process's standard output and keeps it after the command
-        # returns: its console logs go where a container's logs are read.
+    # With log_to_stdout the frontend inherits this process's standard output and keeps it after
+    # the command returns: its console logs go where a container's logs are read.
+    output_path = instance.run_dir / "torchserve.out"
+    sys.stdout.flush()
+    with nullcontext(None) if instance.log_to_stdout else open(output_path, "ab") as output:
         result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
-                                env=instance.environment(), check=False)
-        if result.returncode != 0:
-            raise ServerError(f"torchserve --start failed ({result.returncode}); see its output above")
-    else:
-        with open(instance.run_dir / "torchserve.out", "ab") as output:
-            result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
-                                    env=instance.environment(), stdout=output,
-                                    stderr=subprocess.STDOUT, check=False)
-        if result.returncode != 0:
-            text = (instance.run_dir / "torchserve.out").read_text(errors="replace")[-2000:]
-            raise ServerError(f"torchserve --start failed ({result.returncode}):\n{text}")
+                                env=instance.environment(), stdout=output,
+                                stderr=None if output is None else subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        where = ("see its output above" if instance.log_to_stdout
+                 else "\n" + output_path.read_text(errors="replace")[-2000:])
+        raise ServerError(f"torchserve --start failed ({result.returncode}): {where}")
     if wait:
         wait_until_healthy(instance, timeout_s, expected_model_count(instance, store), cancelled)
 
@@ -278,21 +274,17 @@ def process_alive(pid: int) -> bool:
         return False
 
 
-def reap_orphans(keep: Callable[[], set[int]] = set) -> list[int]:
-    """Reap this process's children that have exited, but those in `keep()` (children whose
-    Popen objects wait for them). As a container's PID 1 (and TorchServe's frontend leaves
+def reap_orphans(keep: set[int]) -> None:
+    """Reap this process's children that have exited, but those in `keep` (children whose Popen
+    objects wait for them). As a container's PID 1 (and TorchServe's frontend leaves
     `torchserve --start` behind, so it becomes a child of PID 1), nobody else would: every dead
-    frontend or worker would stay a zombie for the life of the container. Returns the pids reaped."""
-    reaped = []
-    kept = keep()
+    frontend or worker would stay a zombie for the life of the container."""
     for child in psutil.Process().children():
         try:
-            if child.pid not in kept and child.status() == psutil.STATUS_ZOMBIE:
+            if child.pid not in keep and child.status() == psutil.STATUS_ZOMBIE:
                 os.waitpid(child.pid, os.WNOHANG)
-                reaped.append(child.pid)
         except (psutil.Error, ChildProcessError):
             continue
-    return reaped
 
 
 @dataclass(frozen=True)
@@ -387,9 +379,10 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
             if not stop_requested.is_set():
                 on_ready()
             while not stop_requested.wait(1.0):
-                reap_orphans(keep=own_children)
+                reap_orphans(keep=own_children())
                 if frontend_pid(instance) is None:
-                    raise ServerError(f"TorchServe exited on its own; see {instance.log_dir}")
+                    where = "its output above" if instance.log_to_stdout else instance.log_dir
+                    raise ServerError(f"TorchServe exited on its own; see {where}")
             stop_started = time.monotonic()
             health.draining.set()
             on_event(f"stopping: readiness false, serving for {options.drain_delay_s:g} s more")
@@ -402,4 +395,4 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-        reap_orphans(keep=own_children)
+        reap_orphans(keep=own_children())

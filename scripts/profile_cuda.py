@@ -29,7 +29,7 @@ from handlers.request.decode import decode_image_bytes
 from tests.archives import stage_model_dir
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.lab.local_handler import archive_context
-from torchserve_vision.lab.profile import batch_sizes_up_to, fit_batch_time, median_ms
+from torchserve_vision.lab.profile import batch_sizes_up_to, batch_times, fit_batch_time, median_ms
 from torchserve_vision.model_descriptions import parse_description
 
 MODELS = [("lite0", "efficientnet_lite0", "timm", "package:efficientnet_lite0"),
@@ -56,16 +56,8 @@ def profile(described: Any, image: bytes, repeats: int = 10) -> dict[str, Any]:
         handler = ImageClassifierHandler()
         handler.initialize(archive_context(model_dir, MAX_BATCH, gpu_id=0))
         sizes = batch_sizes_up_to(MAX_BATCH)
-        model_ms, handler_ms = [], []
-        for size in sizes:
-            parsed = handler.parse_request({"body": bytearray(image)}, lambda _name: None)
-            item = handler.decode(parsed.images[0], parsed.options)
-            with torch.inference_mode():
-                batch = handler.preprocess([item] * size)
-                model_ms.append(median_ms(partial(handler.infer, batch), repeats, synchronize))
-            rows = [{"body": bytearray(image)} for _ in range(size)]
-            context = archive_context(model_dir, MAX_BATCH, gpu_id=0)
-            handler_ms.append(median_ms(partial(handler.handle, rows, context), repeats, synchronize))
+        model_ms, handler_ms = batch_times(handler, archive_context(model_dir, MAX_BATCH, gpu_id=0),
+                                           sizes, image, repeats, synchronize)
         return {"sizes": sizes, "model_ms": model_ms, "handler_ms": handler_ms,
                 "fit_model": str(fit_batch_time(sizes, model_ms)),
                 "fit_handler": str(fit_batch_time(sizes, handler_ms)), "device": str(handler.device)}

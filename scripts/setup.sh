@@ -35,46 +35,20 @@ ensure_java() {
   exit 1
 }
 
-ensure_haproxy() {
-  if command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ]; then
+# ensure_debian_package COMMAND PATH PACKAGE WHY: COMMAND on the PATH or at PATH, else PACKAGE
+# installed with apt (as root), else a line saying what needs it.
+ensure_debian_package() {
+  local command=$1 path=$2 package=$3 why=$4
+  if command -v "$command" >/dev/null 2>&1 || [ -x "$path" ]; then
     return
   fi
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing haproxy with apt"
+    echo "setup: installing $package with apt"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null
     return
   fi
-  echo "setup: haproxy not found (optional: the rolling-update rehearsal needs it;" \
-       "e.g. 'sudo apt-get install -y haproxy')" >&2
-}
-
-ensure_redis() {
-  if command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ]; then
-    return
-  fi
-  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing redis-server with apt"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
-    return
-  fi
-  echo "setup: redis-server not found (the response cache's shared tier and its tests need it;" \
-       "e.g. 'sudo apt-get install -y redis-server')" >&2
-}
-
-ensure_prometheus() {
-  if command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ]; then
-    return
-  fi
-  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing prometheus with apt"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-    return
-  fi
-  echo "setup: prometheus not found (the autoscaling metrics' tests need it;" \
-       "e.g. 'sudo apt-get install -y prometheus')" >&2
+  echo "setup: $command not found ($why; e.g. 'sudo apt-get install -y $package')" >&2
 }
 
 find_python() {
@@ -106,9 +80,12 @@ ensure_venv() {
 }
 
 ensure_java
-ensure_haproxy
-ensure_redis
-ensure_prometheus
+ensure_debian_package haproxy /usr/sbin/haproxy haproxy \
+  "optional: the front and the rolling-update rehearsal need it"
+ensure_debian_package redis-server /usr/bin/redis-server redis-server \
+  "the response cache's shared tier and its tests need it"
+ensure_debian_package prometheus /usr/bin/prometheus prometheus \
+  "the autoscaling metrics' tests need it"
 ensure_venv
 # The frontend agent's jar (queued batching), built against the installed TorchServe; nothing
 # happens when it is already there.

@@ -6,9 +6,12 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import requests
+
+from tests.images import CAT_LABELS
 
 _local = threading.local()
 T = TypeVar("T")
@@ -37,3 +40,19 @@ def concurrently(calls: Sequence[Callable[[], T]], clients: int) -> list[T]:
     """Run the calls from `clients` threads at once; replies in call order."""
     with ThreadPoolExecutor(max_workers=clients) as pool:
         return list(pool.map(lambda call: call(), calls))
+
+
+def burst_with_one_bad_upload(send: Callable[[bytes, dict[str, str]], requests.Response],
+                              photo: bytes) -> list[requests.Response]:
+    """15 concurrent requests of `photo` asking top_k 1, 2, 3 in turn, with one that is not an
+    image among them: each answered with its own top_k, the bad one refused alone (400
+    NotAnImage). Returns every reply, the refused one last."""
+    calls = [partial(send, photo, {"X-Top-K": str(k)}) for k in (1, 2, 3) * 5]
+    calls.insert(7, partial(send, b"not an image", {"X-Top-K": "1"}))
+    answers = concurrently(calls, len(calls))
+    bad = answers.pop(7)
+    assert bad.status_code == 400 and bad.json()["type"] == "NotAnImage", bad.text
+    assert [a.status_code for a in answers] == [200] * 15
+    assert [len(a.json()) for a in answers] == [1, 2, 3] * 5            # each its own top_k
+    assert all(a.json()[0]["label"] in CAT_LABELS for a in answers)
+    return [*answers, bad]

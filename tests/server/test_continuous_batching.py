@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import base64
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
 from tests.images import CAT_LABELS, photo_bytes
-from tests.server.http_client import concurrently
+from tests.server.http_client import burst_with_one_bad_upload, concurrently
 from tests.server.servers import started_server
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
@@ -60,19 +60,9 @@ def test_a_lone_request_is_answered_alone(continuous_server):
 
 def test_concurrent_requests_share_batches_and_a_bad_upload_fails_only_itself(continuous_server):
     """12 MP photos: each batch takes long enough that the requests behind it queue."""
-    photo = benchmark_jpeg("phone")
-    def asking(body: bytes, top_k: int) -> Callable[[], requests.Response]:
-        return lambda: post(continuous_server, body, {"X-Top-K": str(top_k)})
-
-    calls = [asking(photo, k) for k in (1, 2, 3) * 5]
-    calls.insert(7, asking(b"not an image", 1))
-    answers = concurrently(calls, len(calls))
-    bad = answers.pop(7)
-    assert bad.status_code == 400 and bad.json()["type"] == "NotAnImage", bad.text
-    assert [a.status_code for a in answers] == [200] * 15
-    assert [len(a.json()) for a in answers] == [1, 2, 3] * 5            # each its own top_k
-    assert all(a.json()[0]["label"] in CAT_LABELS for a in answers)
-    assert max(int(a.headers["X-Batch-Size"]) for a in [*answers, bad]) > 1
+    replies = burst_with_one_bad_upload(lambda body, headers: post(continuous_server, body, headers),
+                                        benchmark_jpeg("phone"))
+    assert max(int(a.headers["X-Batch-Size"]) for a in replies) > 1
 
 
 def test_a_full_worker_queue_answers_503_at_once_and_the_rest_are_served(continuous_server):

@@ -38,12 +38,8 @@ def pid_one_pod(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> 
                            load_models="efficientnet_lite0-1.0.mar")
     pod = Pod("pid1", config, tmp_path / "run", model_store, drain_delay_s=0.0,
               environment={"TSV_WORKERS": "1"}, pid_namespace=True, log_to="stdout")
-    try:
-        pod.start()
-        pod.wait_ready()
+    with pod.running():
         yield pod
-    finally:
-        pod.kill()
 
 
 def namespace(pod: Pod) -> list[psutil.Process]:

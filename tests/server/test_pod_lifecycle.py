@@ -75,12 +75,8 @@ def started_pod(pod_store: Path, directory: Path) -> Iterator[Pod]:
     pod = Pod("pod", config, directory / "run", pod_store, drain_delay_s=1.0,
               environment={"TSV_WORKERS": "1", "TSV_TOKEN_AUTHORIZATION": "on",
                            FAIL_MARKER_VARIABLE: str(directory / "fail-marker")})
-    try:
-        pod.start()
-        pod.wait_ready()
+    with pod.running():
         yield pod
-    finally:
-        pod.kill()
 
 
 @pytest.fixture(scope="module")

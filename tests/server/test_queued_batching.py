@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.images import CAT_LABELS, photo_bytes
-from tests.server.http_client import concurrently
+from tests.server.http_client import burst_with_one_bad_upload, concurrently
 from tests.server.servers import started_server
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
@@ -75,20 +75,9 @@ def test_a_lone_request_runs_at_once_whatever_the_batch_delay(queued_server):
 def test_requests_queued_behind_a_busy_worker_share_its_next_batch(queued_server):
     """12 MP photos: each batch takes long enough that the requests behind it queue. Each gets
     its own answer and options; a bad upload among them fails alone."""
-    photo = benchmark_jpeg("phone")
-
-    def asking(body: bytes, top_k: int) -> Callable[[], requests.Response]:
-        return lambda: post(queued_server, body, headers={"X-Top-K": str(top_k)})
-
-    calls = [asking(photo, k) for k in (1, 2, 3) * 5]
-    calls.insert(7, asking(b"not an image", 1))
-    answers = concurrently(calls, len(calls))
-    bad = answers.pop(7)
-    assert bad.status_code == 400 and bad.json()["type"] == "NotAnImage", bad.text
-    assert [a.status_code for a in answers] == [200] * 15
-    assert [len(a.json()) for a in answers] == [1, 2, 3] * 5
-    assert all(a.json()[0]["label"] in CAT_LABELS for a in answers)
-    batch_sizes = [int(a.headers["X-Batch-Size"]) for a in [*answers, bad]]
+    replies = burst_with_one_bad_upload(lambda body, headers: post(queued_server, body, headers=headers),
+                                        benchmark_jpeg("phone"))
+    batch_sizes = [int(a.headers["X-Batch-Size"]) for a in replies]
     assert max(batch_sizes) > 1 and max(batch_sizes) <= 8
 
 

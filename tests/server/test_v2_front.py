@@ -36,12 +36,8 @@ def fronted_pod(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     pod = Pod("fronted", config, directory / "run", model_store, drain_delay_s=0.0,
               environment={"TSV_WORKERS": "1", "TSV_TOKEN_AUTHORIZATION": "on"},
               front_port=front_port, grpc_front_port=grpc_front_port)
-    try:
-        pod.start()
-        pod.wait_ready()
+    with pod.running():
         yield pod
-    finally:
-        pod.kill()
 
 
 def front_url(pod: Pod) -> str:

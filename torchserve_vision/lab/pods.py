@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +112,16 @@ class Pod:
         assert self.process is not None and self.signalled_at is not None
         code = self.process.wait(timeout=timeout_s)
         return code, time.monotonic() - self.signalled_at
+
+    @contextmanager
+    def running(self) -> Iterator[Pod]:
+        """Started and ready for the length of the block; killed (with its TorchServe) after."""
+        try:
+            self.start()
+            self.wait_ready()
+            yield self
+        finally:
+            self.kill()
 
     def kill(self) -> None:
         """Cleanup after a failed test or rehearsal: the process and its TorchServe."""

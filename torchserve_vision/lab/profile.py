@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from handlers.serving import BatchedImageHandler
 from torchserve_vision.errors import LabError
 from torchserve_vision.lab.batch_model import BatchTimeFit, fit_batch_time
-from torchserve_vision.lab.local_handler import archive_context, extract_archive, load_handler
+from torchserve_vision.lab.local_handler import LocalContext, archive_context, extract_archive, load_handler
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,23 @@ def median_ms(run: Callable[[], Any], repeats: int, synchronize: Callable[[], No
     return statistics.median(times)
 
 
+def batch_times(handler: BatchedImageHandler[Any, Any, Any, Any], context: LocalContext,
+                sizes: list[int], image: bytes, repeats: int,
+                synchronize: Callable[[], None]) -> tuple[list[float], list[float]]:
+    """Median ms per batch of each size in `sizes`: the model alone (one decoded, preprocessed
+    image repeated), and the whole handler path (`handle`, encoded bytes to answers)."""
+    model_ms, handler_ms = [], []
+    for size in sizes:
+        parsed = handler.parse_request({"body": bytearray(image)}, lambda _name: None)
+        item = handler.decode(parsed.images[0], parsed.options)
+        with torch.inference_mode():
+            model_input = handler.preprocess([item] * size)
+            model_ms.append(median_ms(partial(handler.infer, model_input), repeats, synchronize))
+        rows = [{"body": bytearray(image)} for _ in range(size)]
+        handler_ms.append(median_ms(partial(handler.handle, rows, context), repeats, synchronize))
+    return model_ms, handler_ms
+
+
 def profile_archive(mar: Path, max_batch: int, repeats: int, image: bytes, image_name: str,
                     device: str = "cpu") -> Profile:
     if device == "cuda" and not torch.cuda.is_available():
@@ -83,15 +101,7 @@ def profile_archive(mar: Path, max_batch: int, repeats: int, image: bytes, image
             if handler.device.type == "cuda":
                 torch.cuda.synchronize(handler.device)
         sizes = batch_sizes_up_to(max_batch)
-        model_ms, handler_ms = [], []
-        for size in sizes:
-            parsed = handler.parse_request({"body": bytearray(image)}, lambda _name: None)
-            item = handler.decode(parsed.images[0], parsed.options)
-            with torch.inference_mode():
-                model_input = handler.preprocess([item] * size)
-                model_ms.append(median_ms(partial(handler.infer, model_input), repeats, synchronize))
-            rows = [{"body": bytearray(image)} for _ in range(size)]
-            context = archive_context(model_dir, max_batch)
-            handler_ms.append(median_ms(partial(handler.handle, rows, context), repeats, synchronize))
+        model_ms, handler_ms = batch_times(handler, archive_context(model_dir, max_batch), sizes,
+                                           image, repeats, synchronize)
     return Profile(mar.name, str(handler.device), image_name, sizes, model_ms, handler_ms,
                    fit_batch_time(sizes, model_ms), fit_batch_time(sizes, handler_ms))

@@ -15,6 +15,7 @@ Reported per way and client count: requests per second and p50 latency of every 
 
 from __future__ import annotations
 
+import importlib
 import tempfile
 import threading
 import time
@@ -40,20 +41,12 @@ class WayFigures:
     p50_ms: list[float] = field(default_factory=list)
 
 
-def http_call(address: str, model: str, image: bytes) -> Call:
-    import tritonclient.http as triton
-
+def triton_call(protocol: str, address: str, model: str, image: bytes) -> Call:
+    """One classification call with tritonclient's `protocol` module ("http" or "grpc": the
+    same API), on a client of its own."""
+    triton = importlib.import_module(f"tritonclient.{protocol}")
     client = triton.InferenceServerClient(address)
     tensor = triton.InferInput("image", [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([image], dtype=np.object_))
-    return lambda: client.infer(model, [tensor]) and None
-
-
-def grpc_call(address: str, model: str, image: bytes) -> Call:
-    import tritonclient.grpc as triton_grpc
-
-    client = triton_grpc.InferenceServerClient(address)
-    tensor = triton_grpc.InferInput("image", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([image], dtype=np.object_))
     return lambda: client.infer(model, [tensor]) and None
 
@@ -95,14 +88,12 @@ def measure(config: Path, model_store: Path, model: str, image: bytes, client_co
         pod = Pod("protocols", server_config(Path(tmp), model_store, config, load_models=f"{model}-1.0.mar"),
                   Path(tmp) / "run", model_store, drain_delay_s=0.0, front_port=front_port,
                   grpc_front_port=grpc_port)
-        try:
-            pod.start()
-            pod.wait_ready()
+        with pod.running():
             direct = pod.instance.inference_url.removeprefix("http://")
             makers: dict[str, Callable[[], Call]] = {
-                "http direct": lambda: http_call(direct, model, image),
-                "http front": lambda: http_call(f"127.0.0.1:{front_port}", model, image),
-                "grpc front": lambda: grpc_call(f"127.0.0.1:{grpc_port}", model, image)}
+                "http direct": lambda: triton_call("http", direct, model, image),
+                "http front": lambda: triton_call("http", f"127.0.0.1:{front_port}", model, image),
+                "grpc front": lambda: triton_call("grpc", f"127.0.0.1:{grpc_port}", model, image)}
             figures = {(way, clients): WayFigures(way, clients) for clients in client_counts for way in WAYS}
             for round_index in range(rounds):
                 for clients in client_counts:
@@ -113,8 +104,6 @@ def measure(config: Path, model_store: Path, model: str, image: bytes, client_co
                         on_step(f"round {round_index + 1}, {clients} clients, {way}: {rps:.1f}/s, "
                                 f"p50 {p50:.1f} ms")
             return list(figures.values())
-        finally:
-            pod.kill()
 
 
 def markdown(figures: list[WayFigures]) -> str:

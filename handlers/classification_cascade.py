@@ -29,6 +29,7 @@ from handlers.request.inference_protocol import (
 )
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
+from handlers.shadow.answer_comparison import AnswerComparison, compare_classifications
 from handlers.task.cascade import CascadeInput, CascadeOutput, confidences, escalated
 from handlers.task.classification import ClassScore, top_k_of_probabilities
 
@@ -106,6 +107,9 @@ class ClassificationCascadeHandler(
 
     def v2_output_specs(self) -> Sequence[OutputSpec]:
         return (*CLASSIFICATION_OUTPUTS, OutputSpec("model", "BYTES", (1,)))
+
+    def compare_answers(self, production: Any, candidate: Any) -> AnswerComparison:
+        return compare_classifications(production, candidate)
 
     def warm_up(self, batch_size: int) -> None:
         self.first.warm_up(batch_size)

@@ -36,6 +36,7 @@ from handlers.request.inference_protocol import (
 )
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
+from handlers.shadow.answer_comparison import AnswerComparison, compare_detections
 from handlers.task.box_crops import crop_boxes
 from handlers.task.classification import ClassScore, top_k_classes
 from handlers.task.detect_classify import PipelineInput, PipelineOutput, boxes_to_classify
@@ -127,6 +128,9 @@ class DetectThenClassifyHandler(
         return (*DETECTION_OUTPUTS, OutputSpec("classified", "INT64", (-1,), ragged=True),
                 OutputSpec("class_labels", "BYTES", (-1, -1), ragged=True),
                 OutputSpec("class_probabilities", "FP32", (-1, -1), ragged=True))
+
+    def compare_answers(self, production: Any, candidate: Any) -> AnswerComparison:
+        return compare_detections(production, candidate)
 
     def warm_up(self, batch_size: int) -> None:
         self.detector.warm_up(batch_size)

@@ -29,6 +29,7 @@ from handlers.request.inference_protocol import (
 )
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
+from handlers.shadow.answer_comparison import AnswerComparison, compare_classifications
 from handlers.task.classification import ClassScore, top_k_classes
 
 Item = DecodedImage[ClassificationOptions]
@@ -74,6 +75,9 @@ class ImageClassifierHandler(
 
     def v2_output_specs(self) -> Sequence[OutputSpec]:
         return CLASSIFICATION_OUTPUTS
+
+    def compare_answers(self, production: Any, candidate: Any) -> AnswerComparison:
+        return compare_classifications(production, candidate)
 
     def warm_up(self, batch_size: int) -> None:
         self.classifier.warm_up(batch_size)

@@ -25,6 +25,7 @@ from handlers.request.inference_protocol import (
 )
 from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
+from handlers.shadow.answer_comparison import AnswerComparison, compare_detections
 from handlers.task.detection import Detection, DetectionOptions, DetectorInput, format_detections
 
 Item = DecodedImage[DetectionOptions]
@@ -65,6 +66,9 @@ class ObjectDetectorHandler(
 
     def v2_output_specs(self) -> Sequence[OutputSpec]:
         return DETECTION_OUTPUTS
+
+    def compare_answers(self, production: Any, candidate: Any) -> AnswerComparison:
+        return compare_detections(production, candidate)
 
     def warm_up(self, batch_size: int) -> None:
         self.detector.warm_up(batch_size)

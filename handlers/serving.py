@@ -51,9 +51,12 @@ from handlers.request.inference_protocol import (
 from handlers.request.protocol_stage import ProtocolStage
 from handlers.request.request_body import extract_images
 from handlers.request_slot import DecodedImage, HeaderReader, ParsedRequest, RequestSlot, open_slots
+from handlers.shadow.answer_comparison import AnswerComparison
+from handlers.shadow.shadow_stage import ShadowStage, shadow_stage_for
 from handlers.torchserve_context import (
     BATCH_SIZE_HEADER,
     JSON_CONTENT_TYPE,
+    MODEL_VERSION_HEADER,
     TorchServeContext,
     frontend_identity,
     header_reader,
@@ -106,6 +109,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         # In TorchServe's asynchronous worker mode (`asyncCommunication: true`): see
         # handlers.continuous_serving.
         self.continuous: ContinuousServing | None = None
+        # Copies of a share of the answered requests to a candidate version, when the server has
+        # a traffic directory (handlers.shadow).
+        self.shadow: ShadowStage | None = None
 
     # --- TorchServe entry points -------------------------------------------------------
     def initialize(self, context: TorchServeContext) -> None:
@@ -143,6 +149,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         for refusal in self.compiled_refusals:
             emit_compiled_model_refusal(getattr(context, "metrics", None), refusal)
         self.cache = cache_stage_for(handler_settings, self.model_name, self.model_version)
+        self.shadow = shadow_stage_for(self.model_name, self.model_version, self.compare_answers,
+                                       self.replayable)
         if continuous is not None:
             self.continuous = ContinuousServing(self.run_slots, self.describe, continuous,
                                                 f"{self.model_name} {self.model_version}")
@@ -167,6 +175,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                 "max_batch_size": self.max_batch_size, "runner": self.runner,
                 "runners": {role: choice.describe() for role, choice in self.runners.items()},
                 "frontend": frontend_identity(),
+                "shadow": self.shadow.describe() if self.shadow is not None else None,
                 "v2": {"inputs": [IMAGE_INPUT_METADATA],
                        "outputs": output_metadata(self.v2_output_specs())}}
 
@@ -215,6 +224,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                 slot.answer_with(own if slot.several else own[0])
         if self.cache is not None:
             self.cache.store(computed, record)
+        if self.shadow is not None:
+            self.shadow.offer(slots)
         self.finish_record(record, slots)
         return [self.respond(slot, len(slots), protocol) for slot in slots]
 
@@ -294,6 +305,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         index, context = slot.index, slot.context
         context.set_response_content_type(index, JSON_CONTENT_TYPE)
         context.set_response_header(index, BATCH_SIZE_HEADER, str(batch_size))
+        context.set_response_header(index, MODEL_VERSION_HEADER, self.model_version)
         if slot.cache_status is not None:
             context.set_response_header(index, CACHE_HEADER, slot.cache_status)
         if slot.error is not None:
@@ -346,6 +358,11 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
     def v2_output_specs(self) -> Sequence[OutputSpec]:
         """What `v2_outputs` gives, for the model's v2 metadata (see `describe`)."""
 
+    @abstractmethod
+    def compare_answers(self, production: Any, candidate: Any) -> AnswerComparison:
+        """How far a candidate version's answer (parsed JSON) is from this version's answer to
+        the same request (as `postprocess` gave it): see handlers.shadow.answer_comparison."""
+
     def parse_request(self, row: Mapping[str, Any], header: HeaderReader) -> ParsedRequest[Options]:
         """One request's encoded images and options (parsed once: they key the cache and drive
         decoding); ClientError when either is malformed, 413 for more images than
@@ -359,6 +376,15 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         image = decode_image_bytes(image_bytes, self.settings.limits, self.device,
                                    self.jpeg_draft_size)
         return DecodedImage(image, options)
+
+    def replayable(self, slot: RequestSlot) -> bool:
+        """The request's options all come from its headers (the same headers over an empty body
+        give the same options), so its image bytes and headers replay it exactly."""
+        assert slot.parsed is not None
+        try:
+            return self.parse_options({}, slot.header) == slot.parsed.options
+        except ClientError:
+            return False
 
     def record_answers(self, record: BatchRecord, answers: Sequence[Any]) -> None:
         """Add this handler's own counters / gauges for the batch's answers to `record`

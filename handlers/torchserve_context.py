@@ -14,6 +14,9 @@ from handlers.request_slot import HeaderReader
 
 JSON_CONTENT_TYPE = "application/json"
 DESCRIBE_HEADER = "describe"   # TorchServe's `GET /models/{m}?customized=true` sends "True"
+# The version that produced an answer (every response carries it: a client, a proxy splitting
+# traffic between versions and the shadow comparison can tell which version answered).
+MODEL_VERSION_HEADER = "X-Model-Version"
 BATCH_SIZE_HEADER = "X-Batch-Size"
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from handlers.shadow.shadow_policy import TRAFFIC_DIR_ENVIRONMENT
 from torchserve_vision import paths
 from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
 from torchserve_vision.deployment_settings import AS_WRITTEN, DeploymentSettings, local_url
@@ -70,6 +71,12 @@ class TorchServeInstance:
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
 
+    @property
+    def traffic_dir(self) -> Path:
+        """Where `models shadow` writes a model's shadow policy for its workers to read
+        (handlers.shadow.shadow_policy)."""
+        return self.run_dir / "traffic"
+
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["TMPDIR"] = str(self.tmp_dir)
@@ -78,6 +85,7 @@ class TorchServeInstance:
         env["TEMP"] = str(self.tmp_dir)
         env["LOG_LOCATION"] = str(self.log_dir)
         env["METRICS_LOCATION"] = str(self.log_dir)
+        env[TRAFFIC_DIR_ENVIRONMENT] = str(self.traffic_dir.resolve())
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         return env

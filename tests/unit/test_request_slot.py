@@ -17,6 +17,7 @@ from handlers.errors import ClientError
 from handlers.model.settings import ContinuousBatching
 from handlers.request_slot import DecodedImage, ParsedRequest, RequestSlot
 from handlers.serving import BatchedImageHandler, HeaderReader
+from handlers.shadow.answer_comparison import AnswerComparison
 from torchserve_vision.lab.local_handler import LocalContext
 
 
@@ -68,6 +69,9 @@ class DigitHandler(BatchedImageHandler[int, list[int], list[int], Any]):
 
     def v2_output_specs(self) -> tuple[()]:
         return ()
+
+    def compare_answers(self, production: Any, candidate: Any) -> AnswerComparison:
+        return AnswerComparison(float(production == candidate))
 
 
 def handle(handler: DigitHandler, bodies: list[str]) -> tuple[list[Any], LocalContext]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+import requests
 
 from torchserve_vision import paths
 from torchserve_vision.archives.versions import (
@@ -41,6 +45,7 @@ from torchserve_vision.rollout import (
 )
 from torchserve_vision.rollout_history import Journal, half_done_text
 from torchserve_vision.server_state import default_version, local_gpu_count
+from torchserve_vision.shadow import ShadowPlan, shadow_reports, start_shadow, stop_shadow
 
 DESCRIPTION = """\
 Manage models on a live TorchServe: list, describe, register, scale, set-default, unregister,
@@ -58,6 +63,9 @@ and safe versioned rollouts and rollbacks (each undone on failure, recorded for 
       --max-batch-delay 5          # new batch settings, rolled out as a new version
   torchserve-vision models rollback efficientnet_lite0 --dry-run
   torchserve-vision models rollout efficientnet_lite0 --abort   # undo what a dead command left
+  torchserve-vision models shadow efficientnet_lite0 efficientnet_lite0-2.0.mar --percent 5
+  torchserve-vision models shadow-report efficientnet_lite0     # agreement, latency, flips
+  torchserve-vision models shadow efficientnet_lite0 --off --retire
 
 A subcommand that acts on one model takes its name first. --dry-run prints the calls that would
 change the server (reads still run). Exit status: 0 done, 1 the server refused or a rollout
@@ -286,6 +294,43 @@ def rollback_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     print(f"rolled back {args.model} to {entry.to_version}")
 
 
+def command_shadow(client: TorchServeClient, args: argparse.Namespace) -> None:
+    with changing(client, args):
+        shadow_locked(client, args)
+
+
+def shadow_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
+    if args.off:
+        if args.archive:
+            raise RolloutError("--off stops the model's shadow: give no archive")
+        stop_shadow(client, args.model, args.retire, print)
+        return
+    if args.archive is None or args.percent is None:
+        raise RolloutError("give the candidate's archive and --percent (or --off)")
+    if not 0 < args.percent <= 100:
+        raise RolloutError(f"--percent must be in (0, 100], got {args.percent:g}")
+    current = default_version(client, args.model)
+    base = ServingSettings.of_version(current) if current else ServingSettings()
+    low, high = worker_counts(args, client, (1, 1))
+    batching = planned_batching(args, args.archive, base)
+    settings = replace(base, min_workers=low, max_workers=high, batching=batching,
+                       max_batch_delay_ms=0 if batching == QUEUED else base.max_batch_delay_ms)
+    start_shadow(client, ShadowPlan(args.model, args.archive, args.percent, settings,
+                                    args.smoke_image.read_bytes(), args.queue_size),
+                 args.model_store, print)
+
+
+def command_shadow_report(client: TorchServeClient, args: argparse.Namespace) -> None:
+    response = requests.get(f"{args.metrics_url.rstrip('/')}/metrics", timeout=30)
+    response.raise_for_status()
+    reports = [report for report in shadow_reports(response.text, args.model, args.top)
+               if args.candidate in (None, report.candidate)]
+    if not reports:
+        print(f"no shadow comparison of {args.model} in {args.metrics_url}/metrics yet")
+    show([asdict(report) for report in reports], args.json,
+         [line for report in reports for line in report.lines()])
+
+
 # --- arguments ----------------------------------------------------------------------------------
 def add_workers(parser: argparse.ArgumentParser, with_total: bool) -> None:
     parser.add_argument("--min", type=int, help="minimum workers")
@@ -373,12 +418,38 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help="seconds to wait after the old queue empties, for its last batch")
         sub.set_defaults(expect_label=None, compare_with_current=False, keep_old=False,
                          same_archive=False, archive=None, abort=False, batching=None)
+    shadow = actions.add_parser("shadow", parents=[common],
+                                help="mirror a share of real requests to a candidate version")
+    shadow.add_argument("model")
+    shadow.add_argument("archive", nargs="?", help="the candidate's .mar in the model store")
+    shadow.add_argument("--percent", type=float,
+                        help="share of the default version's requests copied to the candidate")
+    shadow.add_argument("--queue-size", type=int, default=64,
+                        help="copies waiting per worker before more are dropped (counted)")
+    shadow.add_argument("--off", action="store_true", help="stop mirroring")
+    shadow.add_argument("--retire", action="store_true",
+                        help="with --off: also unregister the candidate")
+    shadow.add_argument("--smoke-image", type=Path, default=photo_path(),
+                        help="the candidate's smoke test (default: scikit-image's chelsea.png)")
+    add_workers(shadow, with_total=True)
+    shadow.set_defaults(batching=None)
+    report = actions.add_parser("shadow-report", parents=[common],
+                                help="how a shadowed candidate's answers compare with production's")
+    report.add_argument("model")
+    report.add_argument("--top", type=int, default=10, help="label flips shown")
+    report.add_argument("--candidate", help="one candidate version (default: every candidate "
+                                            "since the server started)")
+    report.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL",
+                                                                "http://127.0.0.1:8082"),
+                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
+                             "http://127.0.0.1:8082)")
     parser.set_defaults(run=run)
 
 
 COMMANDS = {"list": command_list, "describe": command_describe, "register": command_register,
             "scale": command_scale, "set-default": command_set_default,
-            "unregister": command_unregister, "rollout": command_rollout, "rollback": command_rollback}
+            "unregister": command_unregister, "rollout": command_rollout, "rollback": command_rollback,
+            "shadow": command_shadow, "shadow-report": command_shadow_report}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -49,14 +49,61 @@ def accepts_connections(port: int) -> bool:
         return False
 
 
+# The canary split (torchserve_vision.canary): two maps, model -> canary version and model -> the
+# percent of its unversioned requests that version answers, in the server's traffic directory,
+# changed through HAProxy's runtime API on its admin socket there (no reload, no dropped
+# connection) and on disk (a restarted front keeps the split).
+CANARY_VERSION_MAP, CANARY_PERCENT_MAP = "canary_version.map", "canary_percent.map"
+ADMIN_SOCKET = "front.sock"
+# The header whose hash places a client on one side of the split for good (sticky assignment).
+CANARY_KEY_HEADER = "X-Canary-Key"
+
+
+def canary_rules(traffic_dir: Path) -> str:
+    """Requests for a model's default version (`/predictions/{m}`, `/v2/models/{m}/infer`) whose
+    draw (random, or the hash of X-Canary-Key) falls under the model's canary percent go to
+    `/predictions/{m}/{canary version}` (where the handler reads the same body, v2 included)."""
+    versions, percents = traffic_dir / CANARY_VERSION_MAP, traffic_dir / CANARY_PERCENT_MAP
+    key = f"req.hdr({CANARY_KEY_HEADER})"
+    return "".join(f"    {line}\n" for line in [
+        "acl unversioned_prediction path_reg ^/predictions/[^/]+/?$",
+        "acl unversioned_v2_infer path_reg ^/v2/models/[^/]+/infer$",
+        "http-request set-var(txn.model) path,field(3,/) if unversioned_prediction",
+        "http-request set-var(txn.model) path,field(4,/) if unversioned_v2_infer",
+        "acl model_found var(txn.model) -m found",
+        f"http-request set-var(txn.canary_percent) var(txn.model),map_str_int({percents},0) "
+        "if model_found",
+        "acl canary_on var(txn.canary_percent) -m int gt 0",
+        "acl canary_key_sent req.hdr(X-Canary-Key) -m found",
+        "http-request set-var(txn.draw) rand(100) if canary_on",
+        f"http-request set-var(txn.draw) {key},xxh32,mod(100) if canary_on canary_key_sent",
+        "acl drawn_for_canary var(txn.draw),sub(txn.canary_percent) -m int lt 0",
+        f"http-request set-var(txn.canary_version) var(txn.model),map({versions}) "
+        "if canary_on drawn_for_canary",
+        "http-request set-path /predictions/%[var(txn.model)]/%[var(txn.canary_version)] "
+        "if { var(txn.canary_version) -m found }",
+    ])
+
+
+def prepare_traffic_dir(traffic_dir: Path) -> None:
+    """The canary maps must exist when HAProxy starts (empty: no split)."""
+    traffic_dir.mkdir(parents=True, exist_ok=True)
+    for name in (CANARY_VERSION_MAP, CANARY_PERCENT_MAP):
+        (traffic_dir / name).touch()
+
+
 def front_config(bind_host: str, port: int, inference_url: str, model_endpoints_port: int,
-                 timeout_s: int) -> str:
+                 timeout_s: int, traffic_dir: Path | None = None) -> str:
     """HAProxy's configuration: `bind_host:port` in front of `inference_url`; model endpoints to
     127.0.0.1:`model_endpoints_port`. `timeout_s` bounds a request (TorchServe's response
-    timeout is the one that should fire first)."""
+    timeout is the one that should fire first). With `traffic_dir`, the canary split
+    (`canary_rules`) and the admin socket that changes it."""
+    admin = (f"    stats socket {traffic_dir / ADMIN_SOCKET} mode 600 level admin\n"
+             if traffic_dir is not None else "")
+    canary = canary_rules(traffic_dir) if traffic_dir is not None else ""
     return f"""global
     maxconn 4096
-defaults
+{admin}defaults
     mode http
     option http-keep-alive
     timeout connect 5s
@@ -68,7 +115,7 @@ frontend inference
     acl model_endpoint path_reg {MODEL_ENDPOINT_PATTERN}
     acl versioned_infer path_reg {VERSIONED_INFER}
     {TO_PREDICTIONS}
-    use_backend model_endpoints if METH_GET model_endpoint
+{canary}    use_backend model_endpoints if METH_GET model_endpoint
     default_backend torchserve
 backend torchserve
     server torchserve 127.0.0.1:{urlparse(inference_url).port}

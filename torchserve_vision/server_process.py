@@ -27,7 +27,7 @@ from torchserve_vision import paths
 from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
 from torchserve_vision.deployment_settings import AS_WRITTEN, DeploymentSettings, local_url
 from torchserve_vision.errors import CommandError
-from torchserve_vision.front_proxy import FrontProxy, front_config
+from torchserve_vision.front_proxy import FrontProxy, front_config, prepare_traffic_dir
 from torchserve_vision.frontend.agent import java_agent_option
 from torchserve_vision.pod_health import PodHealth, ProbeEndpoint
 from torchserve_vision.server_state import (
@@ -369,8 +369,10 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
                                          required_headers=instance.inference_headers)
         probes = ProbeEndpoint(health, options.probe_host, options.probe_port, endpoints)
     if options.front_port is not None and options.probe_port is not None:
+        prepare_traffic_dir(instance.traffic_dir)
         front = FrontProxy(front_config(options.probe_host, options.front_port, instance.inference_url,
-                                        options.probe_port, FRONT_TIMEOUT_S), options.front_port)
+                                        options.probe_port, FRONT_TIMEOUT_S,
+                                        instance.traffic_dir.resolve()), options.front_port)
     grpc_front = nullcontext() if options.grpc_front_port is None else grpc_front_for(instance, options)
 
     def own_children() -> set[int]:

@@ -77,12 +77,13 @@ class ShadowPlan:
     queue_size: int = 64
 
 
-def start_shadow(client: TorchServeClient, plan: ShadowPlan, store: Path, log: Log) -> ShadowPolicy:
-    """Register (or keep) the candidate, smoke-test it, and have the default version's workers
-    mirror `plan.percent` % of their requests to it. Returns the policy they follow."""
+def register_candidate(client: TorchServeClient, plan: ShadowPlan, store: Path,
+                       log: Log) -> tuple[dict[str, Any], str]:
+    """The default version's description and the candidate's version: the candidate archive
+    registered beside the default (or already there), its workers READY and smoke-tested."""
     stable = default_version(client, plan.model)
     if stable is None:
-        raise ShadowError(f"{plan.model} is not registered: nothing to shadow")
+        raise ShadowError(f"{plan.model} is not registered: no default version to compare with")
     try:
         manifest = archive_manifest(store / plan.archive)
     except ArchiveError as error:
@@ -92,7 +93,6 @@ def start_shadow(client: TorchServeClient, plan: ShadowPlan, store: Path, log: L
         raise ShadowError(f"{plan.archive} holds model {manifest['modelName']!r}, not {plan.model!r}")
     if candidate == stable["modelVersion"]:
         raise ShadowError(f"{plan.archive} is {plan.model} {candidate}, the default version itself")
-    state = worker_shadow_state(client, plan.model, stable["modelVersion"])
     if candidate not in {v["modelVersion"] for v in versions_of(client, plan.model)}:
         log(f"registering {plan.archive} as {plan.model} {candidate} (no traffic of its own)")
         settings = plan.settings
@@ -102,10 +102,26 @@ def start_shadow(client: TorchServeClient, plan: ShadowPlan, store: Path, log: L
     wait_for_workers(client, plan.model, candidate, plan.settings.min_workers,
                      plan.settings.startup_timeout_s + 30)
     smoke_test(client, plan.model, candidate, plan.smoke_image, (), None)
+    return stable, candidate
+
+
+def traffic_dir_of(client: TorchServeClient, model: str, version: str) -> Path:
+    """The server's traffic directory, as a worker of the version reports it."""
+    return Path(worker_shadow_state(client, model, version)["policy_file"]).parent
+
+
+def start_shadow(client: TorchServeClient, plan: ShadowPlan, store: Path, log: Log) -> ShadowPolicy:
+    """Register (or keep) the candidate, smoke-test it, and have the default version's workers
+    mirror `plan.percent` % of their requests to it. Returns the policy they follow."""
+    stable = default_version(client, plan.model)
+    if stable is not None:
+        worker_shadow_state(client, plan.model, stable["modelVersion"])  # can it shadow at all?
+    stable, candidate = register_candidate(client, plan, store, log)
     policy = ShadowPolicy(plan.model, stable["modelVersion"], candidate, plan.percent,
                           client.inference_url,
                           str(client.key_file.path.resolve()) if client.key_file else None,
                           plan.queue_size)
+    state = worker_shadow_state(client, plan.model, stable["modelVersion"])
     write_policy(Path(state["policy_file"]), policy)
     wait_until_followed(client, plan.model, stable["modelVersion"], policy)
     log(f"{plan.model} {stable['modelVersion']} mirrors {plan.percent:g}% of its requests to "

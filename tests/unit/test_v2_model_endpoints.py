@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from torchserve_vision.client import ManagementError
-from torchserve_vision.front_proxy import front_config, haproxy_binary
+from torchserve_vision.front_proxy import front_config, haproxy_binary, prepare_traffic_dir
 from torchserve_vision.v2_model_endpoints import V2ModelEndpoints, is_model_endpoint
 
 DECLARED = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1]}],
@@ -86,9 +86,14 @@ def test_only_the_model_endpoints_are_routed_to_them(path, ours):
     assert is_model_endpoint(path) is ours
 
 
-def test_haproxy_accepts_the_front_configuration(tmp_path):
+@pytest.mark.parametrize("with_canary", [False, True])
+def test_haproxy_accepts_the_front_configuration(tmp_path, with_canary):
     config = tmp_path / "haproxy.cfg"
-    config.write_text(front_config("127.0.0.1", 8000, "http://127.0.0.1:8080", 8090, 600))
+    traffic_dir = tmp_path / "traffic" if with_canary else None
+    if traffic_dir is not None:
+        prepare_traffic_dir(traffic_dir)
+    config.write_text(front_config("127.0.0.1", 8000, "http://127.0.0.1:8080", 8090, 600,
+                                   traffic_dir))
     checked = subprocess.run([haproxy_binary(), "-c", "-f", str(config)], capture_output=True,
                              text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr

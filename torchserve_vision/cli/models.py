@@ -22,6 +22,7 @@ from torchserve_vision.archives.versions import (
     archive_with_version,
     settings_version,
 )
+from torchserve_vision.canary import canary_of, promote_canary, set_canary
 from torchserve_vision.cli.common import (
     client_from,
     connection_flags,
@@ -44,8 +45,16 @@ from torchserve_vision.rollout import (
     wait_for_workers,
 )
 from torchserve_vision.rollout_history import Journal, half_done_text
-from torchserve_vision.server_state import default_version, local_gpu_count
-from torchserve_vision.shadow import ShadowPlan, shadow_reports, start_shadow, stop_shadow
+from torchserve_vision.server_state import default_version, local_gpu_count, versions_of
+from torchserve_vision.shadow import (
+    ShadowPlan,
+    register_candidate,
+    shadow_reports,
+    start_shadow,
+    stop_shadow,
+    traffic_dir_of,
+    worker_shadow_state,
+)
 
 DESCRIPTION = """\
 Manage models on a live TorchServe: list, describe, register, scale, set-default, unregister,
@@ -66,6 +75,8 @@ and safe versioned rollouts and rollbacks (each undone on failure, recorded for 
   torchserve-vision models shadow efficientnet_lite0 efficientnet_lite0-2.0.mar --percent 5
   torchserve-vision models shadow-report efficientnet_lite0     # agreement, latency, flips
   torchserve-vision models shadow efficientnet_lite0 --off --retire
+  torchserve-vision models canary efficientnet_lite0 efficientnet_lite0-2.0.mar --percent 10
+  torchserve-vision models canary efficientnet_lite0 --promote   # or --off
 
 A subcommand that acts on one model takes its name first. --dry-run prints the calls that would
 change the server (reads still run). Exit status: 0 done, 1 the server refused or a rollout
@@ -299,6 +310,19 @@ def command_shadow(client: TorchServeClient, args: argparse.Namespace) -> None:
         shadow_locked(client, args)
 
 
+def candidate_plan(client: TorchServeClient, args: argparse.Namespace, percent: float) -> ShadowPlan:
+    """How a candidate archive is registered beside the default version: the default's batch
+    settings (the archive's batching policy), its own worker counts (default 1)."""
+    current = default_version(client, args.model)
+    base = ServingSettings.of_version(current) if current else ServingSettings()
+    low, high = worker_counts(args, client, (1, 1))
+    batching = planned_batching(args, args.archive, base)
+    settings = replace(base, min_workers=low, max_workers=high, batching=batching,
+                       max_batch_delay_ms=0 if batching == QUEUED else base.max_batch_delay_ms)
+    return ShadowPlan(args.model, args.archive, percent, settings, args.smoke_image.read_bytes(),
+                      getattr(args, "queue_size", 64))
+
+
 def shadow_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     if args.off:
         if args.archive:
@@ -309,15 +333,59 @@ def shadow_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         raise RolloutError("give the candidate's archive and --percent (or --off)")
     if not 0 < args.percent <= 100:
         raise RolloutError(f"--percent must be in (0, 100], got {args.percent:g}")
-    current = default_version(client, args.model)
-    base = ServingSettings.of_version(current) if current else ServingSettings()
-    low, high = worker_counts(args, client, (1, 1))
-    batching = planned_batching(args, args.archive, base)
-    settings = replace(base, min_workers=low, max_workers=high, batching=batching,
-                       max_batch_delay_ms=0 if batching == QUEUED else base.max_batch_delay_ms)
-    start_shadow(client, ShadowPlan(args.model, args.archive, args.percent, settings,
-                                    args.smoke_image.read_bytes(), args.queue_size),
-                 args.model_store, print)
+    start_shadow(client, candidate_plan(client, args, args.percent), args.model_store, print)
+
+
+def command_canary(client: TorchServeClient, args: argparse.Namespace) -> None:
+    with changing(client, args):
+        canary_locked(client, args)
+
+
+def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
+    stable = default_version(client, args.model)
+    if stable is None:
+        raise RolloutError(f"{args.model} is not registered")
+    traffic_dir = traffic_dir_of(client, args.model, stable["modelVersion"])
+    if args.promote or args.off:
+        if args.archive or args.percent is not None:
+            raise RolloutError("--promote and --off act on the canary in place: give no archive "
+                               "or --percent")
+        if args.promote:
+            entry = promote_canary(client, args.model, traffic_dir, Journal(args.history), print)
+            print(f"promoted {args.model} {entry.to_version} (was {entry.from_version}; "
+                  "`models rollback` returns to it)")
+            return
+        split = canary_of(traffic_dir, args.model)
+        set_canary(traffic_dir, args.model, split[0] if split else "", 0)
+        print(f"{args.model}: no canary; {stable['modelVersion']} answers every request")
+        return
+    if args.percent is None or not 0 < args.percent <= 100:
+        raise RolloutError("give --percent in (0, 100] (or --promote / --off)")
+    version = canary_version(client, args, traffic_dir, stable)
+    set_canary(traffic_dir, args.model, version, args.percent)
+    print(f"{args.model}: {args.percent}% of requests to {version}, the rest to "
+          f"{stable['modelVersion']}")
+
+
+def canary_version(client: TorchServeClient, args: argparse.Namespace, traffic_dir: Path,
+                   stable: dict[str, Any]) -> str:
+    """The archive's version (registered and smoke-tested if needed); else the version of the
+    running canary, of the shadow, or the one other registered version."""
+    if args.archive:
+        return register_candidate(client, candidate_plan(client, args, 0.0), args.model_store,
+                                  print)[1]
+    split = canary_of(traffic_dir, args.model)
+    if split is not None:
+        return split[0]
+    shadow = worker_shadow_state(client, args.model, stable["modelVersion"]).get("policy")
+    if shadow:
+        return str(shadow["candidate_version"])
+    others = [v["modelVersion"] for v in versions_of(client, args.model)
+              if v["modelVersion"] != stable["modelVersion"]]
+    if len(others) != 1:
+        raise RolloutError(f"name the candidate's archive: {args.model} has "
+                           f"{len(others)} other registered versions")
+    return str(others[0])
 
 
 def command_shadow_report(client: TorchServeClient, args: argparse.Namespace) -> None:
@@ -433,6 +501,22 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="the candidate's smoke test (default: scikit-image's chelsea.png)")
     add_workers(shadow, with_total=True)
     shadow.set_defaults(batching=None)
+    canary = actions.add_parser("canary", parents=[common],
+                                help="answer a share of requests from a candidate version (the "
+                                     "front splits them)")
+    canary.add_argument("model")
+    canary.add_argument("archive", nargs="?",
+                        help="the candidate's .mar (default: the running canary's or shadow's "
+                             "version, or the one other registered version)")
+    canary.add_argument("--percent", type=int, help="share of unversioned requests it answers")
+    canary.add_argument("--promote", action="store_true",
+                        help="the candidate becomes the default; the old default stays "
+                             "registered for `models rollback`")
+    canary.add_argument("--off", action="store_true", help="remove the split")
+    canary.add_argument("--smoke-image", type=Path, default=photo_path(),
+                        help="the candidate's smoke test (default: scikit-image's chelsea.png)")
+    add_workers(canary, with_total=True)
+    canary.set_defaults(batching=None)
     report = actions.add_parser("shadow-report", parents=[common],
                                 help="how a shadowed candidate's answers compare with production's")
     report.add_argument("model")
@@ -449,7 +533,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 COMMANDS = {"list": command_list, "describe": command_describe, "register": command_register,
             "scale": command_scale, "set-default": command_set_default,
             "unregister": command_unregister, "rollout": command_rollout, "rollback": command_rollback,
-            "shadow": command_shadow, "shadow-report": command_shadow_report}
+            "shadow": command_shadow, "shadow-report": command_shadow_report,
+            "canary": command_canary}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,129 @@
+"""`models canary`: the front (HAProxy, `server run --front-port`) answers a share of a model's
+unversioned requests from a candidate version, changed through HAProxy's runtime API under
+load, with no failed request; `--promote` makes the candidate the default and keeps the old
+version for `models rollback`. Every answer says which version produced it (X-Model-Version).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import tritonclient.http as triton
+
+from tests.images import photo_bytes
+from tests.server.test_triton_client import image_input
+from torchserve_vision import paths
+from torchserve_vision.archives.versions import archive_with_version
+from torchserve_vision.cli import main as command
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.lab.pods import Pod
+from torchserve_vision.server_state import default_version
+from torchserve_vision.torchserve_config import free_ports, server_config
+
+pytestmark = pytest.mark.server
+MODEL = "efficientnet_lite0"
+JPEG = {"Content-Type": "application/octet-stream"}
+
+
+@pytest.fixture(scope="module")
+def fronted(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    archive_with_version(model_store, f"{MODEL}-1.0.mar", "2.0")
+    directory = tmp_path_factory.mktemp("canary")
+    config = server_config(directory, model_store, paths.DEVELOPMENT_CONFIG,
+                           load_models=f"{MODEL}-1.0.mar")
+    pod = Pod("canary", config, directory / "run", model_store, drain_delay_s=0.0,
+              environment={"TSV_WORKERS": "1"}, front_port=free_ports(1)[0])
+    with pod.running():
+        yield pod
+
+
+def models(pod: Pod, store: Path, *args: str) -> int:
+    instance = pod.instance
+    return command(["models", *args, "--management-url", instance.management_url,
+                    "--inference-url", instance.inference_url, "--model-store", str(store),
+                    "--history", str(pod.run_dir / "history.json")])
+
+
+def versions_answering(pod: Pod, count: int, headers: dict[str, str] | None = None,
+                       path: str = f"/predictions/{MODEL}") -> Counter[str]:
+    with requests.Session() as session:
+        answers = [session.post(f"http://127.0.0.1:{pod.front_port}{path}", timeout=60,
+                                data=photo_bytes("chelsea.png"), headers={**JPEG, **(headers or {})})
+                   for _ in range(count)]
+    assert {a.status_code for a in answers} == {200}
+    return Counter(a.headers["X-Model-Version"] for a in answers)
+
+
+class FrontLoad:
+    """Requests on the front from 3 threads until stopped; every status and version kept."""
+
+    def __init__(self, pod: Pod) -> None:
+        self.url = f"http://127.0.0.1:{pod.front_port}/predictions/{MODEL}"
+        self.stopped = threading.Event()
+        self.outcomes: list[tuple[int, str | None]] = []
+        self.threads = [threading.Thread(target=self.send) for _ in range(3)]
+
+    def send(self) -> None:
+        with requests.Session() as session:
+            while not self.stopped.is_set():
+                try:
+                    answer = session.post(self.url, data=photo_bytes("chelsea.png"), headers=JPEG,
+                                          timeout=60)
+                    self.outcomes.append((answer.status_code, answer.headers.get("X-Model-Version")))
+                except requests.RequestException:
+                    self.outcomes.append((0, None))
+
+    def __enter__(self) -> FrontLoad:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fronted, model_store):
+    client = TorchServeClient(fronted.instance.management_url, fronted.instance.inference_url)
+    with FrontLoad(fronted) as load:
+        assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-2.0.mar", "--percent", "30") == 0
+        split = versions_answering(fronted, 200)
+        assert set(split) == {"1.0", "2.0"} and 20 <= split["2.0"] <= 100   # 30% of 200: 60 +- 5 sigma
+        # sticky: a key is always on the same side while the percent stays
+        sides = {key: versions_answering(fronted, 3, {"X-Canary-Key": key}) for key in ("a", "b", "c", "d")}
+        assert all(len(side) == 1 for side in sides.values())
+        assert models(fronted, model_store, "canary", MODEL, "--percent", "100") == 0
+        assert versions_answering(fronted, 5) == Counter({"2.0": 5})
+        assert models(fronted, model_store, "canary", MODEL, "--promote") == 0
+        assert (default_version(client, MODEL) or {}).get("modelVersion") == "2.0"
+        assert versions_answering(fronted, 5) == Counter({"2.0": 5})
+        assert models(fronted, model_store, "rollback", MODEL) == 0      # 1.0 was kept on standby
+        assert versions_answering(fronted, 5) == Counter({"1.0": 5})
+    statuses = Counter(status for status, _ in load.outcomes)
+    assert statuses == Counter({200: len(load.outcomes)}) and len(load.outcomes) > 50
+    assert {version for _, version in load.outcomes} == {"1.0", "2.0"}
+
+
+def test_versioned_requests_and_other_models_are_never_split(fronted, model_store):
+    assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-2.0.mar", "--percent", "100") == 0
+    try:
+        assert versions_answering(fronted, 3, path=f"/predictions/{MODEL}/1.0") == Counter({"1.0": 3})
+        # the Open Inference Protocol's unversioned infer is split like /predictions/{m}
+        front = triton.InferenceServerClient(f"127.0.0.1:{fronted.front_port}")
+        answer = front.infer(MODEL, [image_input(photo_bytes("chelsea.png"))]).get_response()
+        assert answer["model_version"] == "2.0"
+    finally:
+        assert models(fronted, model_store, "canary", MODEL, "--off") == 0
+    assert versions_answering(fronted, 5) == Counter({"1.0": 5})
+
+
+def test_a_canary_without_the_front_is_refused_with_the_way_in(server, model_store, capsys):
+    code = command(["models", "canary", MODEL, "--percent", "10", "--management-url",
+                    server.management_url, "--inference-url", server.inference_url])
+    assert code == 1 and "--front-port" in capsys.readouterr().err

@@ -3,9 +3,10 @@ version's workers read it: which candidate version gets a copy of what share of 
 and where to send it.
 
 One JSON file per model in the server's traffic directory (`TSV_TRAFFIC_DIR`, set by the
-`server` commands: `<run dir>/traffic/<model>.json`). Workers look at the file's modification
-time at most once a second, so a policy takes effect on every worker within about a second of
-being written, and is off once the file is gone.
+`server` commands: `<run dir>/traffic/<model>.json`). A worker looks at the file's modification
+time before each batch (one `stat`, microseconds against a batch's milliseconds), so every
+request answered after the file is written follows it, on every worker, and none after it is
+removed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 TRAFFIC_DIR_ENVIRONMENT = "TSV_TRAFFIC_DIR"
-CHECK_INTERVAL_S = 1.0
+CHECK_INTERVAL_S = 0.0   # seconds between looks at the file: every batch
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,8 @@ def write_policy(path: Path, policy: ShadowPolicy) -> None:
 
 
 class PolicyFile:
-    """The policy in `path` as of the last look (at most one `stat` per `interval_s`); None when
-    there is no file or it cannot be read (`error` says why)."""
+    """The policy in `path` as of the last look (at most one `stat` per `interval_s`: 0, every
+    call); None when there is no file or it cannot be read (`error` says why)."""
 
     def __init__(self, path: Path, interval_s: float = CHECK_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:

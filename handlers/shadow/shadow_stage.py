@@ -156,6 +156,12 @@ class ShadowStage:
         connection: http.client.HTTPConnection | None = None
         while True:
             copy = copies.get()
+            if self.policy_file.policy != copy.policy:
+                # the policy changed or ended since the copy was made (the request thread looks
+                # at the file before every batch): the copy is not sent, so turning the shadow off
+                # stops the candidate's work at once
+                self.drop(copy.metrics, copy.policy, "PolicyChanged")
+                continue
             try:
                 connection = connection or open_connection(copy.policy)
                 started = time.perf_counter()

@@ -87,3 +87,23 @@ def test_echo_archives_answer_every_request_in_both_worker_modes(lab_server, mod
         finally:
             retire(client, name)
         assert versions_of(client, name) == []
+
+
+def test_shadow_lab_agrees_offline_and_online_and_leaves_no_candidate(lab_server, model_store,
+                                                                      capsys):
+    """`lab shadow`: the same photos compared in-process and through the live shadow give the same
+    agreement (the comparison online is the offline one); production answers every request at
+    each share; the candidate is gone afterwards."""
+    assert command(["lab", "shadow", "--candidate-precision", "fp32", "--rate", "5", "--duration",
+                    "2", "--percents", "0", "50", "--json", "--model-store", str(model_store),
+                    "--management-url", lab_server.management_url,
+                    "--inference-url", lab_server.inference_url,
+                    "--metrics-url", lab_server.metrics_url]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["photos"] > 20 and 0 < result["online_agreement"] <= 1
+    assert result["online_agreement"] == pytest.approx(result["offline_agreement"], abs=1e-9)
+    assert [row["percent"] for row in result["cost"]] == [0, 50]
+    assert all(row["errors"] == {} and row["served_rps"] > 0 for row in result["cost"])
+    assert result["cost"][0]["compared"] == 0 and result["cost"][1]["compared"] > 0
+    client = TorchServeClient(lab_server.management_url, lab_server.inference_url)
+    assert [v["modelVersion"] for v in versions_of(client, "efficientnet_lite0")] == ["1.0"]

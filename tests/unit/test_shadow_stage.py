@@ -232,3 +232,18 @@ def test_workers_shadow_only_on_a_server_with_a_traffic_directory(tmp_path):
     stage = shadow_stage_for("m", "1.0", compare_classifications, lambda slot: True,
                              {"TSV_TRAFFIC_DIR": str(tmp_path)})
     assert stage is not None and stage.describe()["policy_file"] == str(tmp_path / "m.json")
+
+
+def test_copies_still_queued_when_the_shadow_ends_are_not_sent(candidate, tmp_path):
+    state, url = candidate
+    state.release.clear()              # the candidate holds the first copy
+    stage = stage_with(tmp_path, policy(url, queue_size=8))
+    slots = answered_slots(4)
+    stage.offer(slots)
+    wait_until(lambda: len(state.received) == 1, 10, "the first copy to arrive")
+    policy_path(tmp_path, "m").unlink()
+    stage.offer(answered_slots(1))     # the next batch sees the policy gone
+    state.release.set()
+    wait_until(lambda: len(counters(slots, "HandlerShadowDropped")) == 3, 10, "three drops")
+    assert {d["Reason"] for _, _, d in counters(slots, "HandlerShadowDropped")} == {"PolicyChanged"}
+    assert len(state.received) == 1

@@ -36,6 +36,7 @@ from torchserve_vision.lab import (
     protocol_cost,
     rolling_update,
     rollout_drill,
+    shadow_cost,
     startup,
     sweep,
     tune,
@@ -57,7 +58,8 @@ def register(commands: argparse._SubParsersAction, summary: str) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_policies, add_compile_speed,
                 add_precision, add_startup, add_rollout_drill, add_plan,
-                add_rolling_update, add_cascade, add_cache, add_near_duplicates, add_protocols):
+                add_rolling_update, add_cascade, add_cache, add_near_duplicates, add_protocols,
+                add_shadow):
         add(actions)
 
 
@@ -276,6 +278,35 @@ def run_policies(args: argparse.Namespace) -> int:
                                                 args.duration, args.delays, args.open_loop)
     result["image"] = args.image_size
     print(json.dumps(result, indent=2) if args.json else batching_policies.as_text(result))
+    return 0
+
+
+def add_shadow(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "shadow",
+                        "shadow agreement offline vs online, and its cost on production's p99",
+                        shadow_cost.__doc__ or "", [connection_flags(), model_store_flag(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--candidate", help="the candidate's archive in the model store")
+    parser.add_argument("--candidate-precision", choices=["fp32", "bf16", "fp16"],
+                        help="instead: the served archive with this precision, as the candidate")
+    parser.add_argument("--rate", type=float, default=40.0, help="open-loop requests/s")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per shadow share")
+    parser.add_argument("--percents", type=float, nargs="+", default=[0, 5, 20])
+    parser.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", "http://127.0.0.1:8082"),
+                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
+                             "http://127.0.0.1:8082)")
+    image_size_flag(parser)
+    parser.set_defaults(run=run_shadow)
+
+
+def run_shadow(args: argparse.Namespace) -> int:
+    if bool(args.candidate) == bool(args.candidate_precision):
+        raise LabError("give one of --candidate and --candidate-precision")
+    result = shadow_cost.measure(client_from(args), args.model_store, args.model,
+                                 args.metrics_url.rstrip("/"), benchmark_jpeg(args.image_size),
+                                 args.candidate, args.candidate_precision, args.rate,
+                                 args.duration, args.percents)
+    print(json.dumps(result, indent=2) if args.json else shadow_cost.as_text(result))
     return 0
 
 

@@ -234,13 +234,7 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
             journal: Journal | None = None, kind: ChangeKind = "rollout") -> HistoryEntry:
     """Swap `plan.model` to the archive's version with no failed request; return the history
     entry (recorded as `kind` in `journal` when one is given: started before, done after)."""
-    try:
-        manifest = archive_manifest(store / plan.archive)
-    except ArchiveError as error:
-        raise RolloutError(str(error)) from None
-    new_version = str(manifest["modelVersion"])
-    if manifest["modelName"] != plan.model:
-        raise RolloutError(f"{plan.archive} holds model {manifest['modelName']!r}, not {plan.model!r}")
+    new_version = archive_version_of(store, plan.archive, plan.model)
     pending = journal.pending(plan.model) if journal is not None else None
     if pending is not None and (pending.to_version, pending.to_archive) != (new_version, plan.archive):
         raise RolloutError(half_done_text(pending))
@@ -277,7 +271,8 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
     if journal is not None and pending is None and not client.dry_run:
         intent = journal.begin(intent)
     try:
-        swap(client, plan, new_version, old_version, reference, answer_reader(manifest), log,
+        swap(client, plan, new_version, old_version, reference,
+             answer_reader(archive_manifest(store / plan.archive)), log,
              registered=registered is not None)
     except (ManagementError, RolloutError, KeyboardInterrupt) as error:
         problems = [] if client.dry_run else undo(client, plan.model, new_version, old_version, log)
@@ -293,6 +288,18 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
     if journal is not None and intent.state == "started":
         return journal.end(intent, "done")
     return replace(intent, time=now_text())
+
+
+def archive_version_of(store: Path, archive: str, model: str) -> str:
+    """The version the archive in `store` holds; RolloutError when it cannot be read or holds
+    another model."""
+    try:
+        manifest = archive_manifest(store / archive)
+    except ArchiveError as error:
+        raise RolloutError(str(error)) from None
+    if manifest["modelName"] != model:
+        raise RolloutError(f"{archive} holds model {manifest['modelName']!r}, not {model!r}")
+    return str(manifest["modelVersion"])
 
 
 def check_resumable(plan: RolloutPlan, registered: dict[str, Any], old_version: str | None) -> None:

@@ -21,11 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from handlers.shadow.shadow_policy import ShadowPolicy, write_policy
-from torchserve_vision.archives.versions import ArchiveError, archive_manifest
 from torchserve_vision.client import ManagementError, TorchServeClient
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.prometheus_text import Sample, parse_samples
-from torchserve_vision.rollout import Log, RolloutError, smoke_test, wait_for_workers
+from torchserve_vision.rollout import (
+    Log,
+    RolloutError,
+    archive_version_of,
+    smoke_test,
+    wait_for_workers,
+)
 from torchserve_vision.server_state import default_version, versions_of
 from torchserve_vision.waiting import wait_until
 
@@ -84,13 +89,7 @@ def register_candidate(client: TorchServeClient, plan: ShadowPlan, store: Path,
     stable = default_version(client, plan.model)
     if stable is None:
         raise ShadowError(f"{plan.model} is not registered: no default version to compare with")
-    try:
-        manifest = archive_manifest(store / plan.archive)
-    except ArchiveError as error:
-        raise ShadowError(str(error)) from None
-    candidate = str(manifest["modelVersion"])
-    if manifest["modelName"] != plan.model:
-        raise ShadowError(f"{plan.archive} holds model {manifest['modelName']!r}, not {plan.model!r}")
+    candidate = archive_version_of(store, plan.archive, plan.model)
     if candidate == stable["modelVersion"]:
         raise ShadowError(f"{plan.archive} is {plan.model} {candidate}, the default version itself")
     if candidate not in {v["modelVersion"] for v in versions_of(client, plan.model)}:

@@ -19,6 +19,7 @@ class Outcome:
     received_at: float
     status: int          # 0 for a connection error or timeout
     body: Any
+    model_version: str | None = None   # the answer's X-Model-Version
 
 
 @dataclass
@@ -44,10 +45,11 @@ class ContinuousLoad:
                 answer = session.post(self.url, data=self.image, timeout=60, headers={
                     "Content-Type": "application/octet-stream", **self.headers()})
                 status, body = answer.status_code, answer.json() if answer.content else None
+                version = answer.headers.get("X-Model-Version")
             except (requests.RequestException, ValueError) as error:
-                status, body = 0, repr(error)
+                status, body, version = 0, repr(error), None
             with self._lock:
-                self.outcomes.append(Outcome(sent_at, time.monotonic(), status, body))
+                self.outcomes.append(Outcome(sent_at, time.monotonic(), status, body, version))
 
     def __enter__(self) -> ContinuousLoad:
         self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]

@@ -6,7 +6,6 @@ version for `models rollback`. Every answer says which version produced it (X-Mo
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import requests
 import tritonclient.http as triton
 
 from tests.images import photo_bytes
+from tests.server.load import ContinuousLoad
 from tests.server.test_triton_client import image_input
 from torchserve_vision import paths
 from torchserve_vision.archives.versions import archive_with_version
@@ -59,39 +59,10 @@ def versions_answering(pod: Pod, count: int, headers: dict[str, str] | None = No
     return Counter(a.headers["X-Model-Version"] for a in answers)
 
 
-class FrontLoad:
-    """Requests on the front from 3 threads until stopped; every status and version kept."""
-
-    def __init__(self, pod: Pod) -> None:
-        self.url = f"http://127.0.0.1:{pod.front_port}/predictions/{MODEL}"
-        self.stopped = threading.Event()
-        self.outcomes: list[tuple[int, str | None]] = []
-        self.threads = [threading.Thread(target=self.send) for _ in range(3)]
-
-    def send(self) -> None:
-        with requests.Session() as session:
-            while not self.stopped.is_set():
-                try:
-                    answer = session.post(self.url, data=photo_bytes("chelsea.png"), headers=JPEG,
-                                          timeout=60)
-                    self.outcomes.append((answer.status_code, answer.headers.get("X-Model-Version")))
-                except requests.RequestException:
-                    self.outcomes.append((0, None))
-
-    def __enter__(self) -> FrontLoad:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        for thread in self.threads:
-            thread.join()
-
-
 def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fronted, model_store):
     client = TorchServeClient(fronted.instance.management_url, fronted.instance.inference_url)
-    with FrontLoad(fronted) as load:
+    with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
+                        photo_bytes("chelsea.png"), clients=3) as load:
         assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-2.0.mar", "--percent", "30") == 0
         split = versions_answering(fronted, 200)
         assert set(split) == {"1.0", "2.0"} and 20 <= split["2.0"] <= 100   # 30% of 200: 60 +- 5 sigma
@@ -105,9 +76,8 @@ def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fro
         assert versions_answering(fronted, 5) == Counter({"2.0": 5})
         assert models(fronted, model_store, "rollback", MODEL) == 0      # 1.0 was kept on standby
         assert versions_answering(fronted, 5) == Counter({"1.0": 5})
-    statuses = Counter(status for status, _ in load.outcomes)
-    assert statuses == Counter({200: len(load.outcomes)}) and len(load.outcomes) > 50
-    assert {version for _, version in load.outcomes} == {"1.0", "2.0"}
+    assert load.failures() == [] and len(load.outcomes) > 50
+    assert {outcome.model_version for outcome in load.outcomes} == {"1.0", "2.0"}
 
 
 def test_versioned_requests_and_other_models_are_never_split(fronted, model_store):

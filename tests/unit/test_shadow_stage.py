@@ -95,6 +95,13 @@ def answered_slots(count: int, headers: dict[str, Any] | None = None) -> list[Re
     return slots
 
 
+def hold_first_copy(state: Candidate, stage: ShadowStage, slots: list[RequestSlot]) -> None:
+    """Offer `slots`, the candidate holding the first copy (until `state.release` is set)."""
+    state.release.clear()
+    stage.offer(slots)
+    wait_until(lambda: len(state.received) == 1, 10, "the first copy to arrive")
+
+
 def counters(slots: list[RequestSlot], name: str) -> list[tuple[str, float, dict]]:
     return [call for call in slots[0].context.metrics.counters if call[0] == name]
 
@@ -134,11 +141,8 @@ def test_a_flip_is_counted_with_both_labels(candidate, tmp_path):
 
 def test_a_full_queue_drops_copies_at_once_and_counts_them(candidate, tmp_path):
     state, url = candidate
-    state.release.clear()              # the candidate holds its first request
     stage = stage_with(tmp_path, policy(url, queue_size=1))
-    slots = answered_slots(1)
-    stage.offer(slots)
-    wait_until(lambda: len(state.received) == 1, 10, "the first copy to arrive")
+    hold_first_copy(state, stage, answered_slots(1))
     more = answered_slots(5)
     stage.offer(more)                  # one waits in the queue, four are dropped, none waits
     dropped = counters(more, "HandlerShadowDropped")
@@ -236,11 +240,9 @@ def test_workers_shadow_only_on_a_server_with_a_traffic_directory(tmp_path):
 
 def test_copies_still_queued_when_the_shadow_ends_are_not_sent(candidate, tmp_path):
     state, url = candidate
-    state.release.clear()              # the candidate holds the first copy
     stage = stage_with(tmp_path, policy(url, queue_size=8))
     slots = answered_slots(4)
-    stage.offer(slots)
-    wait_until(lambda: len(state.received) == 1, 10, "the first copy to arrive")
+    hold_first_copy(state, stage, slots)
     policy_path(tmp_path, "m").unlink()
     stage.offer(answered_slots(1))     # the next batch sees the policy gone
     state.release.set()

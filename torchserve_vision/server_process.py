@@ -24,6 +24,7 @@ import psutil
 
 from handlers.shadow.shadow_policy import TRAFFIC_DIR_ENVIRONMENT
 from torchserve_vision import paths
+from torchserve_vision.archives.versions import ArchiveError, archive_manifest
 from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
 from torchserve_vision.deployment_settings import AS_WRITTEN, DeploymentSettings, local_url
 from torchserve_vision.errors import CommandError
@@ -175,10 +176,23 @@ def ping(instance: TorchServeInstance) -> bool:
 
 
 def expected_model_count(instance: TorchServeInstance, model_store: Path) -> int:
+    """Models loaded at start: TorchServe lists two versions of one model (a candidate loaded
+    beside the served version) as one model."""
     value = read_properties(instance.config_path).get("load_models", "").strip()
     if value.lower() == "all":
-        return len(list(model_store.glob("*.mar")))
-    return len([name for name in value.split(",") if name.strip()])
+        archives = list(model_store.glob("*.mar"))
+    else:
+        archives = [model_store / name.strip() for name in value.split(",") if name.strip()]
+    return len({model_name_of(archive) for archive in archives})
+
+
+def model_name_of(archive: Path) -> str:
+    """The model an archive holds (its file name when its manifest cannot be read: TorchServe
+    will say why when it loads it)."""
+    try:
+        return str(archive_manifest(archive)["modelName"])
+    except ArchiveError:
+        return archive.name
 
 
 def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_models: int = 0,

@@ -27,12 +27,13 @@ from torchserve_vision.torchserve_config import free_ports, server_config
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
+CANDIDATE = "2.0-canary"
 JPEG = {"Content-Type": "application/octet-stream"}
 
 
 @pytest.fixture(scope="module")
 def fronted(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
-    archive_with_version(model_store, f"{MODEL}-1.0.mar", "2.0")
+    archive_with_version(model_store, f"{MODEL}-1.0.mar", CANDIDATE)
     directory = tmp_path_factory.mktemp("canary")
     config = server_config(directory, model_store, paths.DEVELOPMENT_CONFIG,
                            load_models=f"{MODEL}-1.0.mar")
@@ -63,31 +64,33 @@ def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fro
     client = TorchServeClient(fronted.instance.management_url, fronted.instance.inference_url)
     with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
                         photo_bytes("chelsea.png"), clients=3) as load:
-        assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-2.0.mar", "--percent", "30") == 0
+        assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar",
+                      "--percent", "30") == 0
         split = versions_answering(fronted, 200)
-        assert set(split) == {"1.0", "2.0"} and 20 <= split["2.0"] <= 100   # 30% of 200: 60 +- 5 sigma
+        # 30% of 200: 60 +- 5 standard deviations
+        assert set(split) == {"1.0", CANDIDATE} and 20 <= split[CANDIDATE] <= 100
         # sticky: a key is always on the same side while the percent stays
         sides = {key: versions_answering(fronted, 3, {"X-Canary-Key": key}) for key in ("a", "b", "c", "d")}
         assert all(len(side) == 1 for side in sides.values())
         assert models(fronted, model_store, "canary", MODEL, "--percent", "100") == 0
-        assert versions_answering(fronted, 5) == Counter({"2.0": 5})
+        assert versions_answering(fronted, 5) == Counter({CANDIDATE: 5})
         assert models(fronted, model_store, "canary", MODEL, "--promote") == 0
-        assert (default_version(client, MODEL) or {}).get("modelVersion") == "2.0"
-        assert versions_answering(fronted, 5) == Counter({"2.0": 5})
+        assert (default_version(client, MODEL) or {}).get("modelVersion") == CANDIDATE
+        assert versions_answering(fronted, 5) == Counter({CANDIDATE: 5})
         assert models(fronted, model_store, "rollback", MODEL) == 0      # 1.0 was kept on standby
         assert versions_answering(fronted, 5) == Counter({"1.0": 5})
     assert load.failures() == [] and len(load.outcomes) > 50
-    assert {outcome.model_version for outcome in load.outcomes} == {"1.0", "2.0"}
+    assert {outcome.model_version for outcome in load.outcomes} == {"1.0", CANDIDATE}
 
 
 def test_versioned_requests_and_other_models_are_never_split(fronted, model_store):
-    assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-2.0.mar", "--percent", "100") == 0
+    assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar", "--percent", "100") == 0
     try:
         assert versions_answering(fronted, 3, path=f"/predictions/{MODEL}/1.0") == Counter({"1.0": 3})
         # the Open Inference Protocol's unversioned infer is split like /predictions/{m}
         front = triton.InferenceServerClient(f"127.0.0.1:{fronted.front_port}")
         answer = front.infer(MODEL, [image_input(photo_bytes("chelsea.png"))]).get_response()
-        assert answer["model_version"] == "2.0"
+        assert answer["model_version"] == CANDIDATE
     finally:
         assert models(fronted, model_store, "canary", MODEL, "--off") == 0
     assert versions_answering(fronted, 5) == Counter({"1.0": 5})

@@ -11,17 +11,27 @@ import requests
 from tests.images import photo_bytes
 from tests.server.servers import started_server
 from torchserve_vision import paths
+from torchserve_vision.archives.versions import archive_with_version
+from torchserve_vision.cli import main as command
+from torchserve_vision.prometheus_text import total
 from torchserve_vision.server_process import TorchServeInstance
 from torchserve_vision.torchserve_config import read_properties
+from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 
 
+CANDIDATE = "2.0-production"
+
+
 @pytest.fixture(scope="module")
 def production_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    """The production config with two versions of the classifier loaded at start: the way a
+    candidate gets onto a server whose model API is off (nothing can be registered later)."""
+    candidate = archive_with_version(model_store, "efficientnet_lite0-1.0.mar", CANDIDATE)
     yield from started_server(tmp_path_factory.mktemp("production"), model_store,
                               base_config=paths.PRODUCTION_CONFIG,
-                              load_models="efficientnet_lite0-1.0.mar")
+                              load_models=f"efficientnet_lite0-1.0.mar,{candidate}")
 
 
 def test_the_production_config_says_what_it_should():
@@ -70,3 +80,28 @@ def test_scaling_and_describing_still_work_with_the_management_key(production_se
     scaled = requests.put(base, params={"min_worker": "1", "max_worker": "1", "synchronous": "true"},
                           headers=headers, timeout=60)
     assert scaled.status_code == 200
+
+
+def test_a_candidate_loaded_at_start_is_shadowed_with_the_model_api_off(production_server,
+                                                                       model_store):
+    """`models shadow` registers nothing when the candidate is there already: with token
+    authorization on, the workers send their copies with the current inference key."""
+    connection = ["--management-url", production_server.management_url, "--inference-url",
+                  production_server.inference_url, "--key-file", str(production_server.key_file),
+                  "--model-store", str(model_store),
+                  "--history", str(production_server.run_dir / "history.json")]
+    shadow = ["models", "shadow", "efficientnet_lite0"]
+    assert command([*shadow, f"efficientnet_lite0-{CANDIDATE}.mar", "--percent", "100",
+                    *connection]) == 0
+    headers = {"Content-Type": "image/png", **production_server.inference_headers()}
+    answers = [requests.post(f"{production_server.inference_url}/predictions/efficientnet_lite0",
+                             data=photo_bytes("coffee.png"), headers=headers, timeout=30)
+               for _ in range(5)]
+    assert {(a.status_code, a.headers["X-Model-Version"]) for a in answers} == {(200, "1.0")}
+
+    def compared() -> float:
+        text = requests.get(f"{production_server.metrics_url}/metrics", timeout=10).text
+        return total(text, "HandlerShadowCompared", Candidate=CANDIDATE)
+
+    wait_until(lambda: compared() >= 5, 30, "five copies compared")
+    assert command([*shadow, "--off", *connection]) == 0

@@ -2,9 +2,9 @@
 copy a share of real requests to a candidate version, off the request path, and the comparison
 reaches /metrics.
 
-Candidates: 2.0 is the served archive itself under another version, with a response cache (its
-answers agree with production's, and copies must never fill its cache); 3.0 has its class names
-reversed (the same scores under other names: every top-1 label flips).
+Candidates: 2.0-shadow is the served archive itself under another version, with a response cache
+(its answers agree with production's, and copies must never fill its cache); 3.0-shadow has its
+class names reversed (the same scores under other names: every top-1 label flips).
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def reversed_labels_copy(store: Path, archive: str, version: str) -> str:
 @pytest.fixture(scope="module")
 def candidates(model_store: Path) -> dict[str, str]:
     archive = f"{MODEL}-1.0.mar"
-    return {"same": archive_with_version(model_store, archive, "2.0",
+    return {"same": archive_with_version(model_store, archive, "2.0-shadow",
                                          handler_changes={"cache": {"enabled": True}}),
-            "renamed": reversed_labels_copy(model_store, archive, "3.0")}
+            "renamed": reversed_labels_copy(model_store, archive, "3.0-shadow")}
 
 
 @pytest.fixture(scope="module")
@@ -99,27 +99,28 @@ def test_production_answers_while_the_candidate_is_compared_on_copies(
     assert {a.status_code for a in answers} == {200}
     assert {a.headers["X-Model-Version"] for a in answers} == {"1.0"}   # production answers
     assert all(len(a.json()) == 5 and "X-Cache" not in a.headers for a in answers)
-    wait_until(lambda: compared(shadow_server, "2.0") >= len(answers), 30, "every copy compared")
+    wait_until(lambda: compared(shadow_server, "2.0-shadow") >= len(answers), 30,
+               "every copy compared")
     (found,) = report(shadow_server, model_store, capsys)
-    assert (found["candidate"], found["compared"]) == ("2.0", len(answers))
+    assert (found["candidate"], found["compared"]) == ("2.0-shadow", len(answers))
     assert found["agreement"] == 1.0 and found["mean_probability_shift"] < 0.02
     assert found["dropped"] == {} and found["top_flips"] == []
     # TorchServe counts the copies under the candidate's version, production's under "default"
     text = metrics(shadow_server)
-    assert total(text, "ts_inference_requests_total", model_name=MODEL, model_version="2.0") \
-        == len(answers) + 1   # and the smoke test
+    copies = total(text, "ts_inference_requests_total", model_name=MODEL, model_version="2.0-shadow")
+    assert copies == len(answers) + 1   # and the smoke test
     # the copies were sent with Cache-Control: no-store: the candidate's cache holds none of them
     # (rocket.jpg was copied 5 times; chelsea.png, the smoke test's photo, is cached)
-    direct = requests.post(f"{shadow_server.inference_url}/predictions/{MODEL}/2.0",
+    direct = requests.post(f"{shadow_server.inference_url}/predictions/{MODEL}/2.0-shadow",
                            data=photo_bytes("rocket.jpg"), timeout=60,
                            headers={"Content-Type": "application/octet-stream"})
-    assert direct.headers["X-Cache"] == "miss" and direct.headers["X-Model-Version"] == "2.0"
+    assert direct.headers["X-Cache"] == "miss" and direct.headers["X-Model-Version"] == "2.0-shadow"
 
     assert models(shadow_server, model_store, "shadow", MODEL, "--off", "--retire") == 0
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
-    before = compared(shadow_server, "2.0")
+    before = compared(shadow_server, "2.0-shadow")
     assert {a.status_code for a in send_photos(shadow_server, 1)} == {200}
-    assert compared(shadow_server, "2.0") == before
+    assert compared(shadow_server, "2.0-shadow") == before
 
 
 def test_a_candidate_that_names_classes_differently_shows_as_flips(shadow_server, model_store,
@@ -131,14 +132,14 @@ def test_a_candidate_that_names_classes_differently_shows_as_flips(shadow_server
         load.wait_for(40)
     assert load.failures() == []
     assert all(o.body[0]["label"] in CAT_LABELS for o in load.outcomes)   # production's names
-    wait_until(lambda: compared(shadow_server, "3.0") >= 20, 30, "copies compared")
-    (found,) = report(shadow_server, model_store, capsys, "--candidate", "3.0")
+    wait_until(lambda: compared(shadow_server, "3.0-shadow") >= 20, 30, "copies compared")
+    (found,) = report(shadow_server, model_store, capsys, "--candidate", "3.0-shadow")
     assert found["agreement"] == 0.0 and found["compared"] >= 20
     flips = {(ours, theirs) for ours, theirs, _ in found["top_flips"]}
     assert flips and all(ours in CAT_LABELS and theirs not in CAT_LABELS for ours, theirs in flips)
     capsys.readouterr()
     assert models(shadow_server, model_store, "shadow-report", MODEL, "--metrics-url",
-                  shadow_server.metrics_url, "--candidate", "3.0") == 0
+                  shadow_server.metrics_url, "--candidate", "3.0-shadow") == 0
     assert "agreement 0.0000" in capsys.readouterr().out
     assert models(shadow_server, model_store, "shadow", MODEL, "--off", "--retire") == 0
 

@@ -17,14 +17,20 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "torchserve_vision"
 
 
+SHELL_OPERATORS = {"|", ">", ">>", "&", "&&", ";", "||"}
+
+
 def documented_commands(text: str) -> list[list[str]]:
-    """Arguments of every `torchserve-vision ...` / `$TSV ...` line (continuations joined)."""
+    """Arguments of every `torchserve-vision ...` / `$TSV ...` line (continuations joined), up to
+    a shell operator (a pipe, a redirection, `&`, `&&`, `;`)."""
     joined = re.sub(r"\\\n\s*", " ", text)
     commands = []
     for line in joined.splitlines():
         match = re.match(r"\s*(?:\.venv/bin/)?(?:torchserve-vision|\$TSV)\s+(.*)", line)
         if match:
-            commands.append(shlex.split(match.group(1), comments=True))
+            words = shlex.split(match.group(1), comments=True)
+            ends = [index for index, word in enumerate(words) if word in SHELL_OPERATORS]
+            commands.append(words[:ends[0]] if ends else words)
     return commands
 
 

@@ -31,6 +31,7 @@ from tests.deployment_files import (
 from tests.kserve_merge import isvc_container, merged_container, resource_problems
 from torchserve_vision import paths
 from torchserve_vision.cli import command_parser
+from torchserve_vision.cli import main as command
 from torchserve_vision.deployment_settings import DeploymentSettings
 from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.server_process import ForegroundOptions
@@ -365,3 +366,47 @@ def test_the_image_installs_its_dependencies_before_it_copies_the_sources():
                if name == "COPY" and arguments.split()[0] in ("handlers", "torchserve_vision")]
     assert dependencies < min(sources) and max(sources) < package
     assert "--no-deps" in instructions[package][1]
+
+
+HTTPROUTE_SCHEMA = REPO / "tests" / "schemas" / "gateway-api-v1.6.1-httproute-v1.schema.json"
+
+
+@pytest.fixture(scope="module")
+def httproute_validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(closed_schema(json.loads(HTTPROUTE_SCHEMA.read_text())))
+
+
+def rendered_httproute(capsys: pytest.CaptureFixture[str], *options: str) -> dict[str, Any]:
+    """What `models canary --httproute` prints (it changes no server)."""
+    capsys.readouterr()
+    assert command(["models", "canary", "efficientnet_lite0", "--httproute", *options]) == 0
+    return dict(yaml.safe_load(capsys.readouterr().out))
+
+
+def test_the_canary_httproute_matches_the_gateway_apis_published_schema(httproute_validator, capsys):
+    route = rendered_httproute(capsys, "--percent", "10", "--mirror-percent", "5")
+    assert [error.message for error in httproute_validator.iter_errors(route)] == []
+    split, rest = route["spec"]["rules"]
+    assert [(b["name"], b["weight"]) for b in split["backendRefs"]] == [
+        ("torchserve-vision", 90), ("torchserve-vision-canary", 10)]
+    assert {m["path"]["value"] for m in split["matches"]} == {
+        "/predictions/efficientnet_lite0", "/v2/models/efficientnet_lite0/infer"}
+    (mirror,) = split["filters"]
+    assert mirror["requestMirror"] == {"backendRef": {"name": "torchserve-vision-canary",
+                                                      "port": 8080}, "percent": 5}
+    assert rest["backendRefs"] == [{"name": "torchserve-vision", "port": 8080}]
+    # the Service the route sends the stable share to is the one the manifests define
+    service = resource(rendered("cpu"), "Service")
+    assert (service["metadata"]["name"], service["spec"]["ports"][0]["port"]) == (
+        "torchserve-vision", 8080)
+
+
+def test_the_schema_refuses_what_the_gateway_would(httproute_validator, capsys):
+    route = rendered_httproute(capsys, "--percent", "100")
+    assert "filters" not in route["spec"]["rules"][0] and not list(httproute_validator.iter_errors(route))
+    wrong = copy.deepcopy(route)
+    wrong["spec"]["rules"][0]["backendRefs"][0]["weight"] = 1_000_001   # above the schema's maximum
+    assert list(httproute_validator.iter_errors(wrong))
+    misspelt = copy.deepcopy(route)
+    misspelt["spec"]["rules"][0]["backendRefs"][0]["wieght"] = 1
+    assert list(httproute_validator.iter_errors(misspelt))

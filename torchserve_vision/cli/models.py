@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import requests
+import yaml
 
 from torchserve_vision import paths
 from torchserve_vision.archives.versions import (
@@ -23,6 +24,7 @@ from torchserve_vision.archives.versions import (
     settings_version,
 )
 from torchserve_vision.canary import canary_of, promote_canary, set_canary
+from torchserve_vision.canary_route import canary_httproute
 from torchserve_vision.cli.common import (
     client_from,
     connection_flags,
@@ -77,6 +79,7 @@ and safe versioned rollouts and rollbacks (each undone on failure, recorded for 
   torchserve-vision models shadow efficientnet_lite0 --off --retire
   torchserve-vision models canary efficientnet_lite0 efficientnet_lite0-2.0.mar --percent 10
   torchserve-vision models canary efficientnet_lite0 --promote   # or --off
+  torchserve-vision models canary efficientnet_lite0 --percent 10 --httproute   # for Kubernetes
 
 A subcommand that acts on one model takes its name first. --dry-run prints the calls that would
 change the server (reads still run). Exit status: 0 done, 1 the server refused or a rollout
@@ -337,6 +340,14 @@ def shadow_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
 
 
 def command_canary(client: TorchServeClient, args: argparse.Namespace) -> None:
+    if args.httproute:
+        if args.percent is None or args.archive or args.promote or args.off:
+            raise RolloutError("--httproute renders the split for Kubernetes: give --percent "
+                               "(and the services), no archive, --promote or --off")
+        route = canary_httproute(args.model, args.gateway, args.stable_service,
+                                 args.canary_service, args.percent, args.mirror_percent)
+        print(yaml.safe_dump(route, sort_keys=False), end="")
+        return
     with changing(client, args):
         canary_locked(client, args)
 
@@ -513,6 +524,15 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="the candidate becomes the default; the old default stays "
                              "registered for `models rollback`")
     canary.add_argument("--off", action="store_true", help="remove the split")
+    kubernetes = canary.add_argument_group(
+        "Kubernetes", "print the split as a Gateway API HTTPRoute instead of changing a server")
+    kubernetes.add_argument("--httproute", action="store_true")
+    kubernetes.add_argument("--gateway", default="inference-gateway", help="the parent Gateway")
+    kubernetes.add_argument("--stable-service", default="torchserve-vision")
+    kubernetes.add_argument("--canary-service", default="torchserve-vision-canary")
+    kubernetes.add_argument("--mirror-percent", type=int, default=0,
+                            help="also copy this share to the candidate (the Gateway's "
+                                 "RequestMirror: answers not compared)")
     canary.add_argument("--smoke-image", type=Path, default=photo_path(),
                         help="the candidate's smoke test (default: scikit-image's chelsea.png)")
     add_workers(canary, with_total=True)

@@ -15,12 +15,22 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from torchserve_vision.client import TorchServeClient
 from torchserve_vision.errors import CommandError
-from torchserve_vision.front_proxy import ADMIN_SOCKET, CANARY_PERCENT_MAP, CANARY_VERSION_MAP
+from torchserve_vision.front_proxy import (
+    ADMIN_SOCKET,
+    CANARY_PERCENT_MAP,
+    CANARY_VERSION_MAP,
+    REQUEST_LOG_SOCKET,
+)
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout import server_identity
 from torchserve_vision.rollout_history import HistoryEntry, Journal, now_text
@@ -118,3 +128,147 @@ def promote_canary(client: TorchServeClient, model: str, traffic_dir: Path, jour
     log(f"{model} {version} is the default; {stable['modelVersion']} stays registered for rollback")
     set_canary(traffic_dir, model, version, 0)
     return journal.end(intent, "done")
+
+
+# --- the stepped walk (`--steps ... --auto`) ------------------------------------------------------
+@dataclass(frozen=True)
+class AnsweredRequest:
+    """One request the front answered, from its request log: the model it was for, the canary
+    version it was sent to (None: the stable default), its status (HAProxy's, -1 when the client
+    went away) and the milliseconds it was active."""
+
+    model: str
+    canary_version: str | None
+    status: int
+    active_ms: float
+
+
+def parse_request_line(line: str) -> AnsweredRequest | None:
+    """`<model> <canary version> <status> <ms>` (HAProxy writes `-` for an unset variable); None
+    for a request that was not for a model's default version or a malformed line."""
+    fields = line.split()
+    if len(fields) != 4 or fields[0] == "-":
+        return None
+    try:
+        return AnsweredRequest(fields[0], None if fields[1] == "-" else fields[1], int(fields[2]),
+                               float(fields[3]))
+    except ValueError:
+        return None
+
+
+class RequestLog:
+    """The front's request log for the length of the block: a datagram socket in the traffic
+    directory where HAProxy sends one line per answered request (front_proxy.REQUEST_LOG_SOCKET)."""
+
+    def __init__(self, traffic_dir: Path) -> None:
+        self.path = traffic_dir / REQUEST_LOG_SOCKET
+        self.records: list[AnsweredRequest] = []
+        self.lock = threading.Lock()
+        self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.thread = threading.Thread(target=self.receive, daemon=True)
+
+    def __enter__(self) -> RequestLog:
+        self.path.unlink(missing_ok=True)
+        self.connection.bind(str(self.path))
+        self.thread.start()
+        return self
+
+    def receive(self) -> None:
+        while True:
+            try:
+                line = self.connection.recv(4096).decode(errors="replace")
+            except OSError:
+                return
+            record = parse_request_line(line)
+            if record is not None:
+                with self.lock:
+                    self.records.append(record)
+
+    def take(self) -> list[AnsweredRequest]:
+        """The requests logged since the last call."""
+        with self.lock:
+            taken, self.records = self.records, []
+        return taken
+
+    def __exit__(self, *exc: object) -> None:
+        self.connection.close()
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Gates:
+    """What the candidate must show at each step, against the stable version over the same window:
+    a failure (non-2xx) rate at most `max_failure_increase` above the stable one, a p99 at most
+    `max_p99_ratio` x the stable one + `p99_slack_ms`, and at least `min_requests` requests."""
+
+    max_failure_increase: float = 0.01
+    max_p99_ratio: float = 1.5
+    p99_slack_ms: float = 25.0
+    min_requests: int = 20
+
+
+@dataclass(frozen=True)
+class SideStats:
+    requests: int
+    failure_rate: float
+    p99_ms: float
+
+    @classmethod
+    def of(cls, records: Sequence[AnsweredRequest]) -> SideStats:
+        if not records:
+            return cls(0, 0.0, 0.0)
+        failures = sum(not 200 <= record.status < 300 for record in records)
+        return cls(len(records), failures / len(records),
+                   float(np.percentile([record.active_ms for record in records], 99)))
+
+    def text(self) -> str:
+        return f"{self.requests} requests, {100 * self.failure_rate:.1f}% failed, p99 {self.p99_ms:.0f} ms"
+
+
+def gate_failures(stable: SideStats, candidate: SideStats, gates: Gates) -> list[str]:
+    """Why the candidate may not go on (empty: it may)."""
+    reasons = []
+    if candidate.requests < gates.min_requests:
+        reasons.append(f"only {candidate.requests} requests reached it (at least "
+                       f"{gates.min_requests} are needed to judge)")
+    if candidate.failure_rate > stable.failure_rate + gates.max_failure_increase:
+        reasons.append(f"{100 * candidate.failure_rate:.1f}% of its requests failed against "
+                       f"{100 * stable.failure_rate:.1f}% of the stable version's")
+    if candidate.p99_ms > stable.p99_ms * gates.max_p99_ratio + gates.p99_slack_ms:
+        reasons.append(f"its p99 is {candidate.p99_ms:.0f} ms against {stable.p99_ms:.0f} ms")
+    return reasons
+
+
+class CanaryAborted(CanaryError):
+    """A step's gates failed: the split was removed, the stable version answers everything."""
+
+
+def walk_canary(client: TorchServeClient, model: str, version: str, traffic_dir: Path,
+                steps: Sequence[int], hold_s: float, gates: Gates, journal: Journal,
+                log: Callable[[str], None]) -> HistoryEntry:
+    """Each step's percent for `hold_s`, the candidate judged against the stable version over the
+    same window (at 100%, against the last window the stable version answered in); promoted
+    after the last step, or the split removed and CanaryAborted at the first failed gate.
+    Ctrl-C removes the split too."""
+    baseline = SideStats(0, 0.0, 0.0)
+    with RequestLog(traffic_dir) as requests_log:
+        try:
+            for percent in steps:
+                set_canary(traffic_dir, model, version, percent)
+                requests_log.take()
+                time.sleep(hold_s)
+                window = [r for r in requests_log.take() if r.model == model]
+                stable = SideStats.of([r for r in window if r.canary_version is None])
+                candidate = SideStats.of([r for r in window if r.canary_version == version])
+                if stable.requests >= gates.min_requests:
+                    baseline = stable
+                log(f"{percent}% to {version}: candidate {candidate.text()}; stable {stable.text()}")
+                failures = gate_failures(baseline, candidate, gates)
+                if failures:
+                    set_canary(traffic_dir, model, version, 0)
+                    raise CanaryAborted(f"the canary of {model} {version} stopped at {percent}% and "
+                                        f"was removed: {'; '.join(failures)}")
+        except KeyboardInterrupt:
+            set_canary(traffic_dir, model, version, 0)
+            raise CanaryAborted(f"the canary of {model} {version} was interrupted and removed") from None
+    return promote_canary(client, model, traffic_dir, journal, log)

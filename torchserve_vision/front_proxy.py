@@ -55,6 +55,9 @@ def accepts_connections(port: int) -> bool:
 # connection) and on disk (a restarted front keeps the split).
 CANARY_VERSION_MAP, CANARY_PERCENT_MAP = "canary_version.map", "canary_percent.map"
 ADMIN_SOCKET = "front.sock"
+# One datagram per answered request, `<canary version or -> <status> <ms>`, to this socket when a
+# `models canary --auto` walk listens there (HAProxy drops the lines when nobody does).
+REQUEST_LOG_SOCKET = "front-requests.sock"
 # The header whose hash places a client on one side of the split for good (sticky assignment).
 CANARY_KEY_HEADER = "X-Canary-Key"
 
@@ -82,6 +85,8 @@ def canary_rules(traffic_dir: Path) -> str:
         "if canary_on drawn_for_canary",
         "http-request set-path /predictions/%[var(txn.model)]/%[var(txn.canary_version)] "
         "if { var(txn.canary_version) -m found }",
+        "log global",
+        'log-format "%[var(txn.model)] %[var(txn.canary_version)] %ST %Ta"',
     ])
 
 
@@ -99,6 +104,7 @@ def front_config(bind_host: str, port: int, inference_url: str, model_endpoints_
     timeout is the one that should fire first). With `traffic_dir`, the canary split
     (`canary_rules`) and the admin socket that changes it."""
     admin = (f"    stats socket {traffic_dir / ADMIN_SOCKET} mode 600 level admin\n"
+             f"    log unix@{traffic_dir / REQUEST_LOG_SOCKET} len 1024 format raw local0\n"
              if traffic_dir is not None else "")
     canary = canary_rules(traffic_dir) if traffic_dir is not None else ""
     return f"""global

@@ -100,3 +100,31 @@ def test_a_canary_without_the_front_is_refused_with_the_way_in(server, model_sto
     code = command(["models", "canary", MODEL, "--percent", "10", "--management-url",
                     server.management_url, "--inference-url", server.inference_url])
     assert code == 1 and "--front-port" in capsys.readouterr().err
+
+
+def test_a_stepped_canary_removes_a_failing_candidate_and_promotes_a_good_one(
+        fronted, model_store, capsys):
+    """`--steps 50,100 --auto`: a candidate that refuses the photos users send (its pixel limit
+    is below the astronaut's, above the smoke test's cat) is judged at 50% from the front's
+    request log and removed; the same walk with a good candidate ends promoted, no request
+    failed."""
+    client = TorchServeClient(fronted.instance.management_url, fronted.instance.inference_url)
+    refusing = archive_with_version(model_store, f"{MODEL}-1.0.mar", "3.0-refusing",
+                                    handler_changes={"limits": {"max_pixels": 200_000}})
+    url = f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}"
+    walk = ["--steps", "50,100", "--auto", "--hold", "4", "--min-requests", "5"]
+    with ContinuousLoad(url, photo_bytes("astronaut.png"), clients=3) as load:
+        capsys.readouterr()
+        assert models(fronted, model_store, "canary", MODEL, refusing, *walk) == 1
+        assert "stopped at 50%" in capsys.readouterr().err
+        load.wait_for(10)
+    refused = [o for o in load.outcomes if o.status != 200]
+    assert refused and {o.model_version for o in refused} == {"3.0-refusing"}
+    assert (default_version(client, MODEL) or {}).get("modelVersion") == "1.0"
+    assert versions_answering(fronted, 5) == Counter({"1.0": 5})
+
+    with ContinuousLoad(url, photo_bytes("astronaut.png"), clients=3) as load:
+        assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar", *walk) == 0
+    assert load.failures() == [] and {o.model_version for o in load.outcomes} >= {CANDIDATE}
+    assert (default_version(client, MODEL) or {}).get("modelVersion") == CANDIDATE
+    assert models(fronted, model_store, "rollback", MODEL) == 0

@@ -23,7 +23,7 @@ from torchserve_vision.archives.versions import (
     archive_with_version,
     settings_version,
 )
-from torchserve_vision.canary import canary_of, promote_canary, set_canary
+from torchserve_vision.canary import Gates, canary_of, promote_canary, set_canary, walk_canary
 from torchserve_vision.canary_route import canary_httproute
 from torchserve_vision.cli.common import (
     client_from,
@@ -79,6 +79,7 @@ and safe versioned rollouts and rollbacks (each undone on failure, recorded for 
   torchserve-vision models shadow efficientnet_lite0 --off --retire
   torchserve-vision models canary efficientnet_lite0 efficientnet_lite0-2.0.mar --percent 10
   torchserve-vision models canary efficientnet_lite0 --promote   # or --off
+  torchserve-vision models canary efficientnet_lite0 efficientnet_lite0-2.0.mar --steps 10,25,50,100 --auto
   torchserve-vision models canary efficientnet_lite0 --percent 10 --httproute   # for Kubernetes
 
 A subcommand that acts on one model takes its name first. --dry-run prints the calls that would
@@ -370,12 +371,33 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         set_canary(traffic_dir, args.model, split[0] if split else "", 0)
         print(f"{args.model}: no canary; {stable['modelVersion']} answers every request")
         return
+    if args.steps is not None:
+        if not args.auto or args.percent is not None:
+            raise RolloutError("--steps walks the canary by itself: give --auto, and no --percent")
+        version = canary_version(client, args, traffic_dir, stable)
+        gates = Gates(args.max_failure_increase, args.max_p99_ratio, args.p99_slack, args.min_requests)
+        entry = walk_canary(client, args.model, version, traffic_dir, args.steps, args.hold, gates,
+                            Journal(args.history), print)
+        print(f"promoted {args.model} {entry.to_version} after {len(args.steps)} steps (was "
+              f"{entry.from_version}; `models rollback` returns to it)")
+        return
     if args.percent is None or not 0 < args.percent <= 100:
-        raise RolloutError("give --percent in (0, 100] (or --promote / --off)")
+        raise RolloutError("give --percent in (0, 100], or --steps with --auto (or --promote / --off)")
     version = canary_version(client, args, traffic_dir, stable)
     set_canary(traffic_dir, args.model, version, args.percent)
     print(f"{args.model}: {args.percent}% of requests to {version}, the rest to "
           f"{stable['modelVersion']}")
+
+
+def percent_steps(text: str) -> list[int]:
+    """`10,25,50,100` -> [10, 25, 50, 100]: increasing, in (0, 100], ending at 100."""
+    try:
+        steps = [int(step) for step in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"steps are whole percents separated by commas: {text!r}") from None
+    if steps != sorted(set(steps)) or steps[0] <= 0 or steps[-1] != 100:
+        raise argparse.ArgumentTypeError(f"steps must increase, start above 0 and end at 100: {text!r}")
+    return steps
 
 
 def canary_version(client: TorchServeClient, args: argparse.Namespace, traffic_dir: Path,
@@ -524,6 +546,19 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="the candidate becomes the default; the old default stays "
                              "registered for `models rollback`")
     canary.add_argument("--off", action="store_true", help="remove the split")
+    walk = canary.add_argument_group(
+        "stepped", "walk the steps, judge the candidate against the stable version over each "
+                   "step's window (from the front's request log), promote after the last or "
+                   "remove the split at the first failed gate")
+    walk.add_argument("--steps", type=percent_steps, help="e.g. 10,25,50,100")
+    walk.add_argument("--auto", action="store_true")
+    walk.add_argument("--hold", type=float, default=60.0, help="seconds per step")
+    walk.add_argument("--max-failure-increase", type=float, default=Gates.max_failure_increase,
+                      help="candidate's non-2xx rate above the stable one's (fraction)")
+    walk.add_argument("--max-p99-ratio", type=float, default=Gates.max_p99_ratio)
+    walk.add_argument("--p99-slack", type=float, default=Gates.p99_slack_ms, help="milliseconds")
+    walk.add_argument("--min-requests", type=int, default=Gates.min_requests,
+                      help="the candidate's fewest requests per step to judge it")
     kubernetes = canary.add_argument_group(
         "Kubernetes", "print the split as a Gateway API HTTPRoute instead of changing a server")
     kubernetes.add_argument("--httproute", action="store_true")

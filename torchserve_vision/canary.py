@@ -205,6 +205,9 @@ class Gates:
     max_p99_ratio: float = 1.5
     p99_slack_ms: float = 25.0
     min_requests: int = 20
+    # With a shadow of the same candidate running: its top-1 / box agreement with production
+    # over the step's window at least this (None: not a gate).
+    min_agreement: float | None = None
 
 
 @dataclass(frozen=True)
@@ -225,9 +228,14 @@ class SideStats:
         return f"{self.requests} requests, {100 * self.failure_rate:.1f}% failed, p99 {self.p99_ms:.0f} ms"
 
 
-def gate_failures(stable: SideStats, candidate: SideStats, gates: Gates) -> list[str]:
-    """Why the candidate may not go on (empty: it may)."""
+def gate_failures(stable: SideStats, candidate: SideStats, gates: Gates,
+                  agreement: float | None = None) -> list[str]:
+    """Why the candidate may not go on (empty: it may). `agreement`: the shadow's over the window
+    (None: no copy was compared)."""
     reasons = []
+    if gates.min_agreement is not None and agreement is not None and agreement < gates.min_agreement:
+        reasons.append(f"its answers agreed with production's on {agreement:.3f} of the shadowed "
+                       f"requests (at least {gates.min_agreement:g} needed)")
     if candidate.requests < gates.min_requests:
         reasons.append(f"only {candidate.requests} requests reached it (at least "
                        f"{gates.min_requests} are needed to judge)")
@@ -245,25 +253,34 @@ class CanaryAborted(CanaryError):
 
 def walk_canary(client: TorchServeClient, model: str, version: str, traffic_dir: Path,
                 steps: Sequence[int], hold_s: float, gates: Gates, journal: Journal,
-                log: Callable[[str], None]) -> HistoryEntry:
+                log: Callable[[str], None],
+                shadow_totals: Callable[[], tuple[float, float]] | None = None) -> HistoryEntry:
     """Each step's percent for `hold_s`, the candidate judged against the stable version over the
     same window (at 100%, against the last window the stable version answered in); promoted
     after the last step, or the split removed and CanaryAborted at the first failed gate.
-    Ctrl-C removes the split too."""
+    Ctrl-C removes the split too. `shadow_totals()`: the shadow's (compared, agreement sum) for
+    this candidate so far, for the agreement gate."""
     baseline = SideStats(0, 0.0, 0.0)
+    totals = shadow_totals or (lambda: (0.0, 0.0))
     with RequestLog(traffic_dir) as requests_log:
         try:
             for percent in steps:
                 set_canary(traffic_dir, model, version, percent)
                 requests_log.take()
+                compared_before, agreed_before = totals()
                 time.sleep(hold_s)
                 window = [r for r in requests_log.take() if r.model == model]
+                compared, agreed = totals()
+                agreement = ((agreed - agreed_before) / (compared - compared_before)
+                             if compared > compared_before else None)
                 stable = SideStats.of([r for r in window if r.canary_version is None])
                 candidate = SideStats.of([r for r in window if r.canary_version == version])
                 if stable.requests >= gates.min_requests:
                     baseline = stable
-                log(f"{percent}% to {version}: candidate {candidate.text()}; stable {stable.text()}")
-                failures = gate_failures(baseline, candidate, gates)
+                shadowed = f"; shadow agreement {agreement:.3f}" if agreement is not None else ""
+                log(f"{percent}% to {version}: candidate {candidate.text()}; stable "
+                    f"{stable.text()}{shadowed}")
+                failures = gate_failures(baseline, candidate, gates, agreement)
                 if failures:
                     set_canary(traffic_dir, model, version, 0)
                     raise CanaryAborted(f"the canary of {model} {version} stopped at {percent}% and "

@@ -15,6 +15,7 @@ import requests
 import tritonclient.http as triton
 
 from tests.images import photo_bytes
+from tests.server.candidate_archives import reversed_labels_copy
 from tests.server.load import ContinuousLoad
 from tests.server.test_triton_client import image_input
 from torchserve_vision import paths
@@ -128,3 +129,24 @@ def test_a_stepped_canary_removes_a_failing_candidate_and_promotes_a_good_one(
     assert load.failures() == [] and {o.model_version for o in load.outcomes} >= {CANDIDATE}
     assert (default_version(client, MODEL) or {}).get("modelVersion") == CANDIDATE
     assert models(fronted, model_store, "rollback", MODEL) == 0
+
+
+def test_a_stepped_canary_stops_when_its_shadow_disagrees_with_production(
+        fronted, model_store, capsys):
+    """With the candidate also shadowed, `--min-agreement` is a gate: a candidate whose class
+    names are reversed answers 200 everywhere, but its answers agree with none of production's."""
+    renamed = reversed_labels_copy(model_store, f"{MODEL}-1.0.mar", "4.0-renamed")
+    metrics = ["--metrics-url", fronted.instance.metrics_url]
+    assert models(fronted, model_store, "shadow", MODEL, renamed, "--percent", "100") == 0
+    try:
+        with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
+                            photo_bytes("chelsea.png"), clients=3) as load:
+            capsys.readouterr()
+            assert models(fronted, model_store, "canary", MODEL, "--steps", "50,100", "--auto",
+                          "--hold", "4", "--min-requests", "5", "--min-agreement", "0.9",
+                          *metrics) == 1
+            assert "agreed with production's on 0.000" in capsys.readouterr().err
+        assert load.failures() == []
+        assert versions_answering(fronted, 5) == Counter({"1.0": 5})
+    finally:
+        assert models(fronted, model_store, "shadow", MODEL, "--off", "--retire") == 0

@@ -10,7 +10,6 @@ class names reversed (the same scores under other names: every top-1 label flips
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 import requests
 
 from tests.images import CAT_LABELS, photo_bytes
+from tests.server.candidate_archives import reversed_labels_copy
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
 from torchserve_vision.archives.versions import archive_with_version
@@ -31,21 +31,6 @@ from torchserve_vision.waiting import wait_until
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
 PHOTOS = ("chelsea.png", "astronaut.png", "coffee.png", "rocket.jpg")
-
-
-def reversed_labels_copy(store: Path, archive: str, version: str) -> str:
-    """A copy of `archive` as `version` whose labels.json lists the class names in reverse."""
-    copy = archive_with_version(store, archive, version)
-    source = store / copy
-    target = source.with_suffix(".tmp")
-    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as new:
-        for item in old.infolist():
-            data = old.read(item.filename)
-            if item.filename == "labels.json":
-                data = json.dumps(list(reversed(json.loads(data)))).encode()
-            new.writestr(item, data)
-    target.replace(source)
-    return copy
 
 
 @pytest.fixture(scope="module")

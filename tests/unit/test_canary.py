@@ -46,3 +46,13 @@ def test_a_candidate_like_the_stable_version_passes():
 def test_each_gate_stops_the_walk_with_its_reason(candidate, reason):
     (failure,) = gate_failures(STABLE, candidate, GATES)
     assert reason in failure
+
+
+def test_the_shadows_agreement_is_a_gate_only_when_asked_for_and_measured():
+    asked = Gates(min_agreement=0.95)
+    candidate = SideStats(40, 0.0, 60.0)
+    (failure,) = gate_failures(STABLE, candidate, asked, agreement=0.9)
+    assert "agreed" in failure
+    assert gate_failures(STABLE, candidate, asked, agreement=0.97) == []
+    assert gate_failures(STABLE, candidate, asked, agreement=None) == []     # nothing compared
+    assert gate_failures(STABLE, candidate, GATES, agreement=0.1) == []     # not a gate

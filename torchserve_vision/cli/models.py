@@ -375,9 +375,12 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         if not args.auto or args.percent is not None:
             raise RolloutError("--steps walks the canary by itself: give --auto, and no --percent")
         version = canary_version(client, args, traffic_dir, stable)
-        gates = Gates(args.max_failure_increase, args.max_p99_ratio, args.p99_slack, args.min_requests)
+        gates = Gates(args.max_failure_increase, args.max_p99_ratio, args.p99_slack,
+                      args.min_requests, args.min_agreement)
         entry = walk_canary(client, args.model, version, traffic_dir, args.steps, args.hold, gates,
-                            Journal(args.history), print)
+                            Journal(args.history), print,
+                            None if args.min_agreement is None
+                            else lambda: shadow_totals(args.metrics_url, args.model, version))
         print(f"promoted {args.model} {entry.to_version} after {len(args.steps)} steps (was "
               f"{entry.from_version}; `models rollback` returns to it)")
         return
@@ -387,6 +390,12 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     set_canary(traffic_dir, args.model, version, args.percent)
     print(f"{args.model}: {args.percent}% of requests to {version}, the rest to "
           f"{stable['modelVersion']}")
+
+
+def metrics_url_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", "http://127.0.0.1:8082"),
+                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
+                             "http://127.0.0.1:8082)")
 
 
 def percent_steps(text: str) -> list[int]:
@@ -421,10 +430,22 @@ def canary_version(client: TorchServeClient, args: argparse.Namespace, traffic_d
     return str(others[0])
 
 
-def command_shadow_report(client: TorchServeClient, args: argparse.Namespace) -> None:
-    response = requests.get(f"{args.metrics_url.rstrip('/')}/metrics", timeout=30)
+def metrics_text(metrics_url: str) -> str:
+    response = requests.get(f"{metrics_url.rstrip('/')}/metrics", timeout=30)
     response.raise_for_status()
-    reports = [report for report in shadow_reports(response.text, args.model, args.top)
+    return response.text
+
+
+def shadow_totals(metrics_url: str, model: str, candidate: str) -> tuple[float, float]:
+    """The shadow's (requests compared, agreement sum) for `candidate` so far."""
+    for report in shadow_reports(metrics_text(metrics_url), model):
+        if report.candidate == candidate:
+            return report.compared, (report.agreement or 0.0) * report.compared
+    return 0.0, 0.0
+
+
+def command_shadow_report(client: TorchServeClient, args: argparse.Namespace) -> None:
+    reports = [report for report in shadow_reports(metrics_text(args.metrics_url), args.model, args.top)
                if args.candidate in (None, report.candidate)]
     if not reports:
         print(f"no shadow comparison of {args.model} in {args.metrics_url}/metrics yet")
@@ -559,6 +580,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     walk.add_argument("--p99-slack", type=float, default=Gates.p99_slack_ms, help="milliseconds")
     walk.add_argument("--min-requests", type=int, default=Gates.min_requests,
                       help="the candidate's fewest requests per step to judge it")
+    walk.add_argument("--min-agreement", type=float,
+                      help="with a shadow of the same candidate running (`models shadow`): its "
+                           "agreement with production over each step at least this")
+    metrics_url_flag(walk)
     kubernetes = canary.add_argument_group(
         "Kubernetes", "print the split as a Gateway API HTTPRoute instead of changing a server")
     kubernetes.add_argument("--httproute", action="store_true")
@@ -578,10 +603,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--top", type=int, default=10, help="label flips shown")
     report.add_argument("--candidate", help="one candidate version (default: every candidate "
                                             "since the server started)")
-    report.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL",
-                                                                "http://127.0.0.1:8082"),
-                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
-                             "http://127.0.0.1:8082)")
+    metrics_url_flag(report)
     parser.set_defaults(run=run)
 
 

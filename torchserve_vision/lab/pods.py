@@ -4,6 +4,7 @@ rehearsal start these."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -76,8 +77,10 @@ class Pod:
         if self.pid_namespace:
             command = ["unshare", "--pid", "--mount-proc", "--kill-child", *command]
         with open(self.output_path, "ab") as output:
+            # a session of its own, so that `kill` reaches what it started (the front's HAProxy)
             self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
-                                            env={**os.environ, **self.environment})
+                                            env={**os.environ, **self.environment},
+                                            start_new_session=True)
         self.signalled_at = None
 
     def probe(self, path: str = "/ready") -> tuple[int, dict[str, object]]:
@@ -124,8 +127,10 @@ class Pod:
             self.kill()
 
     def kill(self) -> None:
-        """Cleanup after a failed test or rehearsal: the process and its TorchServe."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+        """Cleanup after a failed test or rehearsal: the process, everything else of its session
+        (the front's HAProxy would otherwise outlive it), and its TorchServe."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):   # already gone, with its session
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
         stop(self.instance)

@@ -35,6 +35,7 @@ from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout import server_identity
 from torchserve_vision.rollout_history import HistoryEntry, Journal, now_text
 from torchserve_vision.server_state import default_version
+from torchserve_vision.shadow import ShadowTotals
 
 
 class CanaryError(CommandError, RuntimeError):
@@ -90,15 +91,17 @@ def set_entry(traffic_dir: Path, name: str, key: str, value: str | None) -> None
 
 
 def set_canary(traffic_dir: Path, model: str, version: str, percent: int) -> None:
-    """`percent` % of `model`'s unversioned requests to `version` (0: none, the split removed)."""
-    if not 0 <= percent <= 100:
-        raise CanaryError(f"the canary percent must be in [0, 100], got {percent}")
-    if percent > 0:
-        set_entry(traffic_dir, CANARY_VERSION_MAP, model, version)
-        set_entry(traffic_dir, CANARY_PERCENT_MAP, model, str(percent))
-    else:
-        set_entry(traffic_dir, CANARY_PERCENT_MAP, model, None)
-        set_entry(traffic_dir, CANARY_VERSION_MAP, model, None)
+    """`percent` % (1..100) of `model`'s unversioned requests to `version`."""
+    if not 0 < percent <= 100:
+        raise CanaryError(f"the canary percent must be in (0, 100], got {percent}")
+    set_entry(traffic_dir, CANARY_VERSION_MAP, model, version)
+    set_entry(traffic_dir, CANARY_PERCENT_MAP, model, str(percent))
+
+
+def remove_canary(traffic_dir: Path, model: str) -> None:
+    """No split: the default version answers every unversioned request of `model`."""
+    set_entry(traffic_dir, CANARY_PERCENT_MAP, model, None)
+    set_entry(traffic_dir, CANARY_VERSION_MAP, model, None)
 
 
 def canary_of(traffic_dir: Path, model: str) -> tuple[str, int] | None:
@@ -126,7 +129,7 @@ def promote_canary(client: TorchServeClient, model: str, traffic_dir: Path, jour
         time=now_text(), server=server_identity(client, model, stable["modelVersion"])))
     client.set_default(model, version)
     log(f"{model} {version} is the default; {stable['modelVersion']} stays registered for rollback")
-    set_canary(traffic_dir, model, version, 0)
+    remove_canary(traffic_dir, model)
     return journal.end(intent, "done")
 
 
@@ -254,25 +257,25 @@ class CanaryAborted(CanaryError):
 def walk_canary(client: TorchServeClient, model: str, version: str, traffic_dir: Path,
                 steps: Sequence[int], hold_s: float, gates: Gates, journal: Journal,
                 log: Callable[[str], None],
-                shadow_totals: Callable[[], tuple[float, float]] | None = None) -> HistoryEntry:
+                shadow_totals: Callable[[], ShadowTotals] | None = None) -> HistoryEntry:
     """Each step's percent for `hold_s`, the candidate judged against the stable version over the
     same window (at 100%, against the last window the stable version answered in); promoted
     after the last step, or the split removed and CanaryAborted at the first failed gate.
-    Ctrl-C removes the split too. `shadow_totals()`: the shadow's (compared, agreement sum) for
-    this candidate so far, for the agreement gate."""
+    Ctrl-C removes the split too. `shadow_totals()`: the shadow's counters for this candidate so
+    far, for the agreement gate."""
     baseline = SideStats(0, 0.0, 0.0)
-    totals = shadow_totals or (lambda: (0.0, 0.0))
+    totals = shadow_totals or (lambda: ShadowTotals(0.0, 0.0, 0.0))
     with RequestLog(traffic_dir) as requests_log:
         try:
             for percent in steps:
                 set_canary(traffic_dir, model, version, percent)
                 requests_log.take()
-                compared_before, agreed_before = totals()
+                before = totals()
                 time.sleep(hold_s)
                 window = [r for r in requests_log.take() if r.model == model]
-                compared, agreed = totals()
-                agreement = ((agreed - agreed_before) / (compared - compared_before)
-                             if compared > compared_before else None)
+                after = totals()
+                agreement = ((after.agreed - before.agreed) / (after.compared - before.compared)
+                             if after.compared > before.compared else None)
                 stable = SideStats.of([r for r in window if r.canary_version is None])
                 candidate = SideStats.of([r for r in window if r.canary_version == version])
                 if stable.requests >= gates.min_requests:
@@ -282,10 +285,10 @@ def walk_canary(client: TorchServeClient, model: str, version: str, traffic_dir:
                     f"{stable.text()}{shadowed}")
                 failures = gate_failures(baseline, candidate, gates, agreement)
                 if failures:
-                    set_canary(traffic_dir, model, version, 0)
+                    remove_canary(traffic_dir, model)
                     raise CanaryAborted(f"the canary of {model} {version} stopped at {percent}% and "
                                         f"was removed: {'; '.join(failures)}")
         except KeyboardInterrupt:
-            set_canary(traffic_dir, model, version, 0)
+            remove_canary(traffic_dir, model)
             raise CanaryAborted(f"the canary of {model} {version} was interrupted and removed") from None
     return promote_canary(client, model, traffic_dir, journal, log)

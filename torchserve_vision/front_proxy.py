@@ -55,8 +55,9 @@ def accepts_connections(port: int) -> bool:
 # connection) and on disk (a restarted front keeps the split).
 CANARY_VERSION_MAP, CANARY_PERCENT_MAP = "canary_version.map", "canary_percent.map"
 ADMIN_SOCKET = "front.sock"
-# One datagram per answered request, `<canary version or -> <status> <ms>`, to this socket when a
-# `models canary --auto` walk listens there (HAProxy drops the lines when nobody does).
+# One datagram per answered request, `<model or -> <canary version or -> <status> <ms>`, to this
+# socket when a `models canary --auto` walk listens there (HAProxy drops the lines when nobody
+# does).
 REQUEST_LOG_SOCKET = "front-requests.sock"
 # The header whose hash places a client on one side of the split for good (sticky assignment).
 CANARY_KEY_HEADER = "X-Canary-Key"
@@ -77,7 +78,7 @@ def canary_rules(traffic_dir: Path) -> str:
         f"http-request set-var(txn.canary_percent) var(txn.model),map_str_int({percents},0) "
         "if model_found",
         "acl canary_on var(txn.canary_percent) -m int gt 0",
-        "acl canary_key_sent req.hdr(X-Canary-Key) -m found",
+        f"acl canary_key_sent {key} -m found",
         "http-request set-var(txn.draw) rand(100) if canary_on",
         f"http-request set-var(txn.draw) {key},xxh32,mod(100) if canary_on canary_key_sent",
         "acl drawn_for_canary var(txn.draw),sub(txn.canary_percent) -m int lt 0",

@@ -4,8 +4,10 @@ Prometheus stores: exactly as exposed (TorchServe's counters have no `_total` su
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import requests
 
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
@@ -36,5 +38,17 @@ def series_names(text: str) -> set[str]:
 
 def total(text: str, name: str, **labels: str) -> float:
     """The sum of `name`'s samples whose labels include `labels` (0 when there are none)."""
-    return sum(sample.value for sample in parse_samples(text)
+    return total_of(parse_samples(text), name, **labels)
+
+
+def total_of(samples: Sequence[Sample], name: str, **labels: str) -> float:
+    """`total` over samples parsed once (for several sums over one exposition)."""
+    return sum(sample.value for sample in samples
                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def scrape(metrics_url: str, timeout_s: float = 30.0) -> str:
+    """The exposition at `<metrics_url>/metrics` (HTTPError for a non-2xx answer)."""
+    response = requests.get(f"{metrics_url.rstrip('/')}/metrics", timeout=timeout_s)
+    response.raise_for_status()
+    return response.text

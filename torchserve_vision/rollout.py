@@ -234,7 +234,8 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
             journal: Journal | None = None, kind: ChangeKind = "rollout") -> HistoryEntry:
     """Swap `plan.model` to the archive's version with no failed request; return the history
     entry (recorded as `kind` in `journal` when one is given: started before, done after)."""
-    new_version = archive_version_of(store, plan.archive, plan.model)
+    manifest = checked_manifest(store, plan.archive, plan.model)
+    new_version = str(manifest["modelVersion"])
     pending = journal.pending(plan.model) if journal is not None else None
     if pending is not None and (pending.to_version, pending.to_archive) != (new_version, plan.archive):
         raise RolloutError(half_done_text(pending))
@@ -272,7 +273,7 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
         intent = journal.begin(intent)
     try:
         swap(client, plan, new_version, old_version, reference,
-             answer_reader(archive_manifest(store / plan.archive)), log,
+             answer_reader(manifest), log,
              registered=registered is not None)
     except (ManagementError, RolloutError, KeyboardInterrupt) as error:
         problems = [] if client.dry_run else undo(client, plan.model, new_version, old_version, log)
@@ -290,8 +291,8 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
     return replace(intent, time=now_text())
 
 
-def archive_version_of(store: Path, archive: str, model: str) -> str:
-    """The version the archive in `store` holds; RolloutError when it cannot be read or holds
+def checked_manifest(store: Path, archive: str, model: str) -> dict[str, Any]:
+    """The manifest of the archive in `store`; RolloutError when it cannot be read or holds
     another model."""
     try:
         manifest = archive_manifest(store / archive)
@@ -299,7 +300,7 @@ def archive_version_of(store: Path, archive: str, model: str) -> str:
         raise RolloutError(str(error)) from None
     if manifest["modelName"] != model:
         raise RolloutError(f"{archive} holds model {manifest['modelName']!r}, not {model!r}")
-    return str(manifest["modelVersion"])
+    return manifest
 
 
 def check_resumable(plan: RolloutPlan, registered: dict[str, Any], old_version: str | None) -> None:

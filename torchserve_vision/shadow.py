@@ -23,11 +23,12 @@ from typing import Any
 from handlers.shadow.shadow_policy import ShadowPolicy, write_policy
 from torchserve_vision.client import ManagementError, TorchServeClient
 from torchserve_vision.model_descriptions import ServingSettings
-from torchserve_vision.prometheus_text import Sample, parse_samples
+from torchserve_vision.prometheus_text import Sample, parse_samples, total_of
 from torchserve_vision.rollout import (
+    WORKERS_DEADLINE_MARGIN_S,
     Log,
     RolloutError,
-    archive_version_of,
+    checked_manifest,
     smoke_test,
     wait_for_workers,
 )
@@ -82,14 +83,19 @@ class ShadowPlan:
     queue_size: int = 64
 
 
-def register_candidate(client: TorchServeClient, plan: ShadowPlan, store: Path,
-                       log: Log) -> tuple[dict[str, Any], str]:
-    """The default version's description and the candidate's version: the candidate archive
-    registered beside the default (or already there), its workers READY and smoke-tested."""
-    stable = default_version(client, plan.model)
+def stable_version(client: TorchServeClient, model: str) -> dict[str, Any]:
+    """The description of `model`'s default version; ShadowError when it has none."""
+    stable = default_version(client, model)
     if stable is None:
-        raise ShadowError(f"{plan.model} is not registered: no default version to compare with")
-    candidate = archive_version_of(store, plan.archive, plan.model)
+        raise ShadowError(f"{model} is not registered: no default version to compare with")
+    return stable
+
+
+def register_candidate(client: TorchServeClient, plan: ShadowPlan, stable: dict[str, Any],
+                       store: Path, log: Log) -> str:
+    """The candidate's version: its archive registered beside `stable` (the default version's
+    description; or already there), its workers READY and smoke-tested."""
+    candidate = str(checked_manifest(store, plan.archive, plan.model)["modelVersion"])
     if candidate == stable["modelVersion"]:
         raise ShadowError(f"{plan.archive} is {plan.model} {candidate}, the default version itself")
     if candidate not in {v["modelVersion"] for v in versions_of(client, plan.model)}:
@@ -99,9 +105,9 @@ def register_candidate(client: TorchServeClient, plan: ShadowPlan, store: Path,
                         settings.min_workers, settings.response_timeout_s, settings.startup_timeout_s)
         client.scale(plan.model, candidate, settings.min_workers, settings.max_workers)
     wait_for_workers(client, plan.model, candidate, plan.settings.min_workers,
-                     plan.settings.startup_timeout_s + 30)
+                     plan.settings.startup_timeout_s + WORKERS_DEADLINE_MARGIN_S)
     smoke_test(client, plan.model, candidate, plan.smoke_image, (), None)
-    return stable, candidate
+    return candidate
 
 
 def traffic_dir_of(client: TorchServeClient, model: str, version: str) -> Path:
@@ -112,16 +118,16 @@ def traffic_dir_of(client: TorchServeClient, model: str, version: str) -> Path:
 def start_shadow(client: TorchServeClient, plan: ShadowPlan, store: Path, log: Log) -> ShadowPolicy:
     """Register (or keep) the candidate, smoke-test it, and have the default version's workers
     mirror `plan.percent` % of their requests to it. Returns the policy they follow."""
-    stable = default_version(client, plan.model)
-    if stable is not None:
-        worker_shadow_state(client, plan.model, stable["modelVersion"])  # can it shadow at all?
-    stable, candidate = register_candidate(client, plan, store, log)
+    stable = stable_version(client, plan.model)
+    # where the workers read their policy (ShadowError before anything is registered when they
+    # cannot shadow at all)
+    policy_file = Path(worker_shadow_state(client, plan.model, stable["modelVersion"])["policy_file"])
+    candidate = register_candidate(client, plan, stable, store, log)
     policy = ShadowPolicy(plan.model, stable["modelVersion"], candidate, plan.percent,
                           client.inference_url,
                           str(client.key_file.path.resolve()) if client.key_file else None,
                           plan.queue_size)
-    state = worker_shadow_state(client, plan.model, stable["modelVersion"])
-    write_policy(Path(state["policy_file"]), policy)
+    write_policy(policy_file, policy)
     wait_until_followed(client, plan.model, stable["modelVersion"], policy)
     log(f"{plan.model} {stable['modelVersion']} mirrors {plan.percent:g}% of its requests to "
         f"{candidate}")
@@ -131,9 +137,7 @@ def start_shadow(client: TorchServeClient, plan: ShadowPlan, store: Path, log: L
 def stop_shadow(client: TorchServeClient, model: str, retire: bool, log: Log) -> str | None:
     """Stop mirroring (and unregister the candidate with `retire`); the candidate's version, or
     None when no shadow was on."""
-    stable = default_version(client, model)
-    if stable is None:
-        raise ShadowError(f"{model} is not registered")
+    stable = stable_version(client, model)
     state = worker_shadow_state(client, model, stable["modelVersion"])
     policy = state.get("policy")
     Path(state["policy_file"]).unlink(missing_ok=True)
@@ -186,20 +190,31 @@ class ShadowReport:
         return lines
 
 
-def summed(samples: list[Sample], name: str, **labels: str) -> float:
-    return sum(s.value for s in samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
-
-
 def ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None
 
 
 def mean_latency_ms(samples: list[Sample], model: str, version_label: str) -> float | None:
-    requests = summed(samples, "ts_inference_requests_total", model_name=model,
+    requests = total_of(samples, "ts_inference_requests_total", model_name=model,
                       model_version=version_label)
-    return ratio(summed(samples, "ts_inference_latency_microseconds", model_name=model,
+    return ratio(total_of(samples, "ts_inference_latency_microseconds", model_name=model,
                         model_version=version_label) / 1000, requests)
+
+
+@dataclass(frozen=True)
+class ShadowTotals:
+    """The workers' shadow counters for one candidate so far, summed over workers."""
+
+    compared: float
+    agreed: float      # the sum of the compared requests' agreement
+    dropped: float
+
+
+def shadow_totals(metrics_text: str, model: str, candidate: str) -> ShadowTotals:
+    samples = parse_samples(metrics_text)
+    of = {"ModelName": model, "Candidate": candidate}
+    return ShadowTotals(*(total_of(samples, f"HandlerShadow{name}", **of)
+                          for name in ("Compared", "Agreement", "Dropped")))
 
 
 def shadow_reports(metrics_text: str, model: str, top: int = 10) -> list[ShadowReport]:
@@ -209,7 +224,7 @@ def shadow_reports(metrics_text: str, model: str, top: int = 10) -> list[ShadowR
     reports = []
     for candidate in sorted({s.labels.get("Candidate", "") for s in mine} - {""}):
         of = {"ModelName": model, "Candidate": candidate}
-        compared = summed(mine, "HandlerShadowCompared", **of)
+        compared = total_of(mine, "HandlerShadowCompared", **of)
         dropped: Counter[str] = Counter()
         flips: Counter[tuple[str, str]] = Counter()
         for s in mine:
@@ -221,10 +236,10 @@ def shadow_reports(metrics_text: str, model: str, top: int = 10) -> list[ShadowR
                 flips[(s.labels.get("From", ""), s.labels.get("To", ""))] += int(s.value)
         reports.append(ShadowReport(
             model, candidate, int(compared),
-            ratio(summed(mine, "HandlerShadowAgreement", **of), compared),
-            ratio(summed(mine, "HandlerShadowProbabilityShift", **of), compared)
+            ratio(total_of(mine, "HandlerShadowAgreement", **of), compared),
+            ratio(total_of(mine, "HandlerShadowProbabilityShift", **of), compared)
             if any(s.name == "HandlerShadowProbabilityShift" for s in mine) else None,
-            ratio(summed(mine, "HandlerShadowCandidateMs", **of), compared),
+            ratio(total_of(mine, "HandlerShadowCandidateMs", **of), compared),
             mean_latency_ms(samples, model, "default"), mean_latency_ms(samples, model, candidate),
             dict(dropped), [(a, b, n) for (a, b), n in flips.most_common(top)]))
     return reports

@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 TRAFFIC_DIR_ENVIRONMENT = "TSV_TRAFFIC_DIR"
-CHECK_INTERVAL_S = 0.0   # seconds between looks at the file: every batch
 
 
 @dataclass(frozen=True)
@@ -84,36 +82,26 @@ def write_policy(path: Path, policy: ShadowPolicy) -> None:
 
 
 class PolicyFile:
-    """The policy in `path` as of the last look (at most one `stat` per `interval_s`: 0, every
-    call); None when there is no file or it cannot be read (`error` says why)."""
+    """The policy in `path` as of the last look (one `stat`; the file is read again only when it
+    changed); None when there is no file or it cannot be read (`error` says why)."""
 
-    def __init__(self, path: Path, interval_s: float = CHECK_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.interval_s = interval_s
-        self.clock = clock
-        self.checked_at = -math.inf
-        self.modified: float | None = None
+        self.modified: int | None = None
         self.policy: ShadowPolicy | None = None
         self.error: str | None = None
 
     def current(self) -> ShadowPolicy | None:
-        now = self.clock()
-        if now - self.checked_at >= self.interval_s:
-            self.checked_at = now
-            self.reload_if_changed()
-        return self.policy
-
-    def reload_if_changed(self) -> None:
         try:
             modified = self.path.stat().st_mtime_ns
         except OSError:
             self.modified, self.policy, self.error = None, None, None
-            return
-        if modified == self.modified:
-            return
-        self.modified = modified
-        try:
-            self.policy, self.error = parse_shadow_policy(json.loads(self.path.read_text("utf-8"))), None
-        except (OSError, ValueError) as error:
-            self.policy, self.error = None, f"{self.path}: {error}"
+            return None
+        if modified != self.modified:
+            self.modified = modified
+            try:
+                self.policy = parse_shadow_policy(json.loads(self.path.read_text("utf-8")))
+                self.error = None
+            except (OSError, ValueError) as error:
+                self.policy, self.error = None, f"{self.path}: {error}"
+        return self.policy

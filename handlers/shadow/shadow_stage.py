@@ -96,7 +96,9 @@ class ShadowStage:
         self.compare = compare
         self.replayable = replayable
         self.draw = draw
-        self.copies: queue.Queue[MirroredRequest] | None = None
+        # one queue and one sender for the worker's life, started with the first copy; the
+        # bound is the policy's queue_size, checked when a copy is offered
+        self.copies: queue.SimpleQueue[MirroredRequest] = queue.SimpleQueue()
         self.sender: threading.Thread | None = None
         self.counts = {"mirrored": 0, "compared": 0, "dropped": 0}
         self.flip_pairs: set[tuple[str, str]] = set()
@@ -137,25 +139,25 @@ class ShadowStage:
         return None
 
     def enqueue(self, copy: MirroredRequest) -> None:
-        if self.copies is None or self.copies.maxsize != copy.policy.queue_size:
-            self.copies = queue.Queue(copy.policy.queue_size)
-            self.sender = threading.Thread(target=self.send_forever, args=(self.copies,),
-                                           name="shadow-sender", daemon=True)
-            self.sender.start()
-        try:
-            self.copies.put_nowait(copy)
-            self.counts["mirrored"] += 1
-        except queue.Full:
+        if self.copies.qsize() >= copy.policy.queue_size:
+            # only this (request) thread adds copies, so the queue cannot grow past the bound
             self.drop(copy.metrics, copy.policy, "QueueFull")
+            return
+        if self.sender is None:
+            self.sender = threading.Thread(target=self.send_forever, name="shadow-sender",
+                                           daemon=True)
+            self.sender.start()
+        self.copies.put(copy)
+        self.counts["mirrored"] += 1
 
     def drop(self, metrics: Any, policy: ShadowPolicy, reason: str) -> None:
         self.counts["dropped"] += 1
         emit_shadow_dropped(metrics, self.model, policy.candidate_version, reason)
 
-    def send_forever(self, copies: queue.Queue[MirroredRequest]) -> None:
+    def send_forever(self) -> None:
         connection: http.client.HTTPConnection | None = None
         while True:
-            copy = copies.get()
+            copy = self.copies.get()
             if self.policy_file.policy != copy.policy:
                 # the policy changed or ended since the copy was made (the request thread looks
                 # at the file before every batch): the copy is not sent, so turning the shadow off
@@ -203,7 +205,7 @@ class ShadowStage:
         policy = self.active_policy()
         return {"policy_file": str(self.policy_file.path), "error": self.policy_file.error,
                 "policy": policy.to_json() if policy is not None else None,
-                "queued": self.copies.qsize() if self.copies is not None else 0, **self.counts}
+                "queued": self.copies.qsize(), **self.counts}
 
 
 def open_connection(policy: ShadowPolicy) -> http.client.HTTPConnection:

@@ -4,6 +4,7 @@ a real HTTP server standing in for the candidate version."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ def stage_with(tmp_path: Path, written: ShadowPolicy | None, version: str = "1.0
     path = policy_path(tmp_path, "m")
     if written is not None:
         write_policy(path, written)
-    return ShadowStage("m", version, PolicyFile(path, interval_s=0.0), compare_classifications,
+    return ShadowStage("m", version, PolicyFile(path), compare_classifications,
                        lambda slot: replayable)
 
 
@@ -157,14 +158,14 @@ def test_only_the_stable_version_named_by_the_policy_mirrors(candidate, tmp_path
                   stage_with(tmp_path / "none", None)):
         slots = answered_slots(3)
         stage.offer(slots)
-        assert stage.copies is None and slots[0].context.metrics.counters == []
+        assert stage.sender is None and stage.copies.qsize() == 0 and slots[0].context.metrics.counters == []
     assert state.received == []
 
 
 def test_the_percent_is_the_share_of_answered_requests_drawn(candidate, tmp_path):
     state, url = candidate
     draws = iter([0.04, 0.05, 0.5, 0.01])
-    stage = ShadowStage("m", "1.0", PolicyFile(policy_path(tmp_path, "m"), interval_s=0.0),
+    stage = ShadowStage("m", "1.0", PolicyFile(policy_path(tmp_path, "m")),
                         compare_classifications, lambda slot: True, draw=lambda: next(draws))
     write_policy(policy_path(tmp_path, "m"), policy(url, percent=5.0))
     slots = answered_slots(4)
@@ -189,7 +190,7 @@ def test_a_copy_is_never_mirrored_again(candidate, tmp_path):
     state, url = candidate
     stage = stage_with(tmp_path, policy(url))
     stage.offer(answered_slots(2, {SHADOW_OF_HEADER: "0.9"}))
-    assert stage.copies is None and state.received == []
+    assert stage.sender is None and stage.copies.qsize() == 0 and state.received == []
 
 
 def test_a_failing_candidate_is_counted_and_never_touches_production(candidate, tmp_path):
@@ -206,20 +207,19 @@ def test_a_failing_candidate_is_counted_and_never_touches_production(candidate, 
     assert counters(unreachable, "HandlerShadowDropped")[0][2]["Reason"] == "CandidateUnreachable"
 
 
-def test_the_policy_file_is_read_again_only_when_it_changed_and_the_interval_passed(tmp_path):
-    now = [0.0]
+def test_the_policy_file_is_read_again_only_when_it_changed(tmp_path):
     path = policy_path(tmp_path, "m")
-    file = PolicyFile(path, interval_s=1.0, clock=lambda: now[0])
+    file = PolicyFile(path)
     assert file.current() is None
     write_policy(path, policy("http://x", percent=5.0))
-    assert file.current() is None           # not looked at again within the interval
-    now[0] = 1.0
-    assert file.current() == policy("http://x", percent=5.0)
+    assert file.current() == policy("http://x", percent=5.0)      # seen at the next look
+    stamp = path.stat().st_mtime_ns
     path.write_text("{not json")
-    now[0] = 2.0
+    os.utime(path, ns=(stamp, stamp))
+    assert file.current() == policy("http://x", percent=5.0)      # same time: not read again
+    os.utime(path, ns=(stamp + 1_000_000, stamp + 1_000_000))
     assert file.current() is None and file.error is not None
     path.unlink()
-    now[0] = 3.0
     assert file.current() is None and file.error is None
 
 

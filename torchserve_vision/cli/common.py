@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from torchserve_vision import paths
@@ -21,6 +22,13 @@ def connection_flags() -> argparse.ArgumentParser:
     group.add_argument("--key-file", help="TorchServe's key_file.json when token authorization is on "
                                           "(default: $TS_KEY_FILE)")
     return flags
+
+
+def metrics_url_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--metrics-url (environment: TS_METRICS_URL)."""
+    parser.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", "http://127.0.0.1:8082"),
+                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
+                             "http://127.0.0.1:8082)")
 
 
 def model_store_flag() -> argparse.ArgumentParser:

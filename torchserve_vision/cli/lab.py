@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
@@ -18,6 +17,7 @@ from torchserve_vision.cli.common import (
     client_from,
     connection_flags,
     json_flag,
+    metrics_url_flag,
     model_store_flag,
     subcommand,
 )
@@ -292,9 +292,7 @@ def add_shadow(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="open-loop requests/s")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per shadow share")
     parser.add_argument("--percents", type=float, nargs="+", default=[0, 5, 20])
-    parser.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", "http://127.0.0.1:8082"),
-                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
-                             "http://127.0.0.1:8082)")
+    metrics_url_flag(parser)
     image_size_flag(parser)
     parser.set_defaults(run=run_shadow)
 
@@ -437,9 +435,7 @@ def add_plan(actions: argparse._SubParsersAction) -> None:
                         "per-pod capacity, replicas and HPA targets from a measured server",
                         capacity_plan.__doc__ or "", [connection_flags(), json_flag()])
     model_flag(parser)
-    parser.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", "http://127.0.0.1:8082"),
-                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
-                             "http://127.0.0.1:8082)")
+    metrics_url_flag(parser)
     parser.add_argument("--p99-ms", type=float, required=True, help="latency target per request")
     parser.add_argument("--target-rps", type=float, required=True,
                         help="requests per second the whole deployment must serve")

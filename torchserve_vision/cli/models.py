@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import requests
 import yaml
 
 from torchserve_vision import paths
@@ -23,12 +21,20 @@ from torchserve_vision.archives.versions import (
     archive_with_version,
     settings_version,
 )
-from torchserve_vision.canary import Gates, canary_of, promote_canary, set_canary, walk_canary
+from torchserve_vision.canary import (
+    Gates,
+    canary_of,
+    promote_canary,
+    remove_canary,
+    set_canary,
+    walk_canary,
+)
 from torchserve_vision.canary_route import canary_httproute
 from torchserve_vision.cli.common import (
     client_from,
     connection_flags,
     json_flag,
+    metrics_url_flag,
     model_store_flag,
     subcommand,
 )
@@ -36,6 +42,7 @@ from torchserve_vision.client import TorchServeClient
 from torchserve_vision.model_descriptions import BATCHING_POLICIES, QUEUED, ServingSettings
 from torchserve_vision.model_lock import model_lock
 from torchserve_vision.photos import photo_path
+from torchserve_vision.prometheus_text import scrape
 from torchserve_vision.rollout import (
     WORKERS_DEADLINE_MARGIN_S,
     RolloutError,
@@ -52,6 +59,7 @@ from torchserve_vision.shadow import (
     ShadowPlan,
     register_candidate,
     shadow_reports,
+    shadow_totals,
     start_shadow,
     stop_shadow,
     traffic_dir_of,
@@ -367,8 +375,7 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
             print(f"promoted {args.model} {entry.to_version} (was {entry.from_version}; "
                   "`models rollback` returns to it)")
             return
-        split = canary_of(traffic_dir, args.model)
-        set_canary(traffic_dir, args.model, split[0] if split else "", 0)
+        remove_canary(traffic_dir, args.model)
         print(f"{args.model}: no canary; {stable['modelVersion']} answers every request")
         return
     if args.steps is not None:
@@ -380,7 +387,7 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         entry = walk_canary(client, args.model, version, traffic_dir, args.steps, args.hold, gates,
                             Journal(args.history), print,
                             None if args.min_agreement is None
-                            else lambda: shadow_totals(args.metrics_url, args.model, version))
+                            else lambda: shadow_totals(scrape(args.metrics_url), args.model, version))
         print(f"promoted {args.model} {entry.to_version} after {len(args.steps)} steps (was "
               f"{entry.from_version}; `models rollback` returns to it)")
         return
@@ -390,12 +397,6 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     set_canary(traffic_dir, args.model, version, args.percent)
     print(f"{args.model}: {args.percent}% of requests to {version}, the rest to "
           f"{stable['modelVersion']}")
-
-
-def metrics_url_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    parser.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", "http://127.0.0.1:8082"),
-                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
-                             "http://127.0.0.1:8082)")
 
 
 def percent_steps(text: str) -> list[int]:
@@ -414,8 +415,8 @@ def canary_version(client: TorchServeClient, args: argparse.Namespace, traffic_d
     """The archive's version (registered and smoke-tested if needed); else the version of the
     running canary, of the shadow, or the one other registered version."""
     if args.archive:
-        return register_candidate(client, candidate_plan(client, args, 0.0), args.model_store,
-                                  print)[1]
+        return register_candidate(client, candidate_plan(client, args, 0.0), stable,
+                                  args.model_store, print)
     split = canary_of(traffic_dir, args.model)
     if split is not None:
         return split[0]
@@ -430,22 +431,8 @@ def canary_version(client: TorchServeClient, args: argparse.Namespace, traffic_d
     return str(others[0])
 
 
-def metrics_text(metrics_url: str) -> str:
-    response = requests.get(f"{metrics_url.rstrip('/')}/metrics", timeout=30)
-    response.raise_for_status()
-    return response.text
-
-
-def shadow_totals(metrics_url: str, model: str, candidate: str) -> tuple[float, float]:
-    """The shadow's (requests compared, agreement sum) for `candidate` so far."""
-    for report in shadow_reports(metrics_text(metrics_url), model):
-        if report.candidate == candidate:
-            return report.compared, (report.agreement or 0.0) * report.compared
-    return 0.0, 0.0
-
-
 def command_shadow_report(client: TorchServeClient, args: argparse.Namespace) -> None:
-    reports = [report for report in shadow_reports(metrics_text(args.metrics_url), args.model, args.top)
+    reports = [report for report in shadow_reports(scrape(args.metrics_url), args.model, args.top)
                if args.candidate in (None, report.candidate)]
     if not reports:
         print(f"no shadow comparison of {args.model} in {args.metrics_url}/metrics yet")

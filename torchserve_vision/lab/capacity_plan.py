@@ -27,10 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-import requests
-
 from torchserve_vision.lab.loadgen import LoadTarget, Report, run_closed_loop, run_open_loop
-from torchserve_vision.prometheus_text import total
+from torchserve_vision.prometheus_text import scrape, total
 
 FRACTIONS = (0.4, 0.55, 0.7, 0.8, 0.9, 1.0)
 QUEUE_COUNTER = "ts_queue_latency_microseconds"
@@ -111,10 +109,9 @@ def step_from(report: Report, before: str, after: str, seconds: float, model: st
 
 def measure_step(target: LoadTarget, metrics_url: str, model: str, rate_rps: float,
                  duration_s: float) -> LoadStep:
-    scrape = lambda: requests.get(f"{metrics_url}/metrics", timeout=10).text  # noqa: E731
-    before, started = scrape(), time.monotonic()
+    before, started = scrape(metrics_url, timeout_s=10), time.monotonic()
     report = run_open_loop(target, rate_rps, duration_s, max_requests=10**7)
-    after, seconds = scrape(), time.monotonic() - started
+    after, seconds = scrape(metrics_url, timeout_s=10), time.monotonic() - started
     return step_from(report, before, after, seconds, model)
 
 

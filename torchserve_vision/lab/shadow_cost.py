@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,15 @@ from torchserve_vision.lab.loadgen import LoadTarget, run_open_loop
 from torchserve_vision.lab.local_handler import archive_context, extract_archive, load_handler
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.photos import all_photo_paths
-from torchserve_vision.prometheus_text import total
+from torchserve_vision.prometheus_text import scrape
 from torchserve_vision.server_state import served_default_version
-from torchserve_vision.shadow import ShadowPlan, start_shadow, stop_shadow
+from torchserve_vision.shadow import (
+    ShadowPlan,
+    ShadowTotals,
+    shadow_totals,
+    start_shadow,
+    stop_shadow,
+)
 from torchserve_vision.waiting import wait_until
 
 
@@ -55,31 +61,23 @@ def offline_agreement(store: Path, stable: str, candidate: str, photos: Sequence
     return sum(comparer(a, b).agreement for a, b in zip(ours, theirs, strict=True)) / len(photos)
 
 
-class ShadowMetrics:
-    """The workers' shadow counters for one candidate, read from TorchServe's /metrics."""
-
-    def __init__(self, metrics_url: str, model: str, candidate: str) -> None:
-        self.url, self.model, self.candidate = f"{metrics_url}/metrics", model, candidate
-
-    def read(self) -> dict[str, float]:
-        text = requests.get(self.url, timeout=10).text
-        of = {"ModelName": self.model, "Candidate": self.candidate}
-        return {name: total(text, f"HandlerShadow{name}", **of)
-                for name in ("Compared", "Agreement", "Dropped")}
+def counters_of(metrics_url: str, model: str, candidate: str) -> Callable[[], ShadowTotals]:
+    """The workers' shadow counters for the candidate, read from TorchServe's /metrics."""
+    return lambda: shadow_totals(scrape(metrics_url), model, candidate)
 
 
 def online_agreement(client: TorchServeClient, model: str, photos: Sequence[bytes],
-                     counters: ShadowMetrics) -> float:
-    before = counters.read()
+                     counters: Callable[[], ShadowTotals]) -> float:
+    before = counters()
     with requests.Session() as session:
         for photo in photos:
             session.post(client.prediction_url(model), data=photo, timeout=60,
                          headers={"Content-Type": "application/octet-stream",
                                   **client.inference_headers()}).raise_for_status()
-    wait_until(lambda: counters.read()["Compared"] - before["Compared"] >= len(photos), 60,
+    wait_until(lambda: counters().compared - before.compared >= len(photos), 60,
                f"{len(photos)} copies compared")
-    after = counters.read()
-    return (after["Agreement"] - before["Agreement"]) / (after["Compared"] - before["Compared"])
+    after = counters()
+    return (after.agreed - before.agreed) / (after.compared - before.compared)
 
 
 def candidate_archive(store: Path, served_archive: str, candidate: str | None,
@@ -105,7 +103,7 @@ def measure(client: TorchServeClient, store: Path, model: str, metrics_url: str,
                               "photos": len(photos), "rate_rps": rate_rps, "duration_s": duration_s}
     result["offline_agreement"] = offline_agreement(store, served["modelUrl"], archive, photos)
     policy = start_shadow(client, plan, store, lambda line: None)
-    counters = ShadowMetrics(metrics_url, model, policy.candidate_version)
+    counters = counters_of(metrics_url, model, policy.candidate_version)
     try:
         result["online_agreement"] = online_agreement(client, model, photos, counters)
         result["cost"] = [shadow_cost(client, store, plan, counters, percent, rate_rps, duration_s)
@@ -115,7 +113,8 @@ def measure(client: TorchServeClient, store: Path, model: str, metrics_url: str,
     return result
 
 
-def shadow_cost(client: TorchServeClient, store: Path, plan: ShadowPlan, counters: ShadowMetrics,
+def shadow_cost(client: TorchServeClient, store: Path, plan: ShadowPlan,
+                counters: Callable[[], ShadowTotals],
                 percent: float, rate_rps: float, duration_s: float) -> dict[str, Any]:
     """Production under open loop with the shadow at `percent` (0: off), and the copies' fate."""
     if percent > 0:
@@ -123,15 +122,15 @@ def shadow_cost(client: TorchServeClient, store: Path, plan: ShadowPlan, counter
                                         plan.smoke_image), store, lambda line: None)
     else:
         stop_shadow(client, plan.model, retire=False, log=lambda line: None)
-    before = counters.read()
+    before = counters()
     target = LoadTarget(client.prediction_url(plan.model), [plan.smoke_image],
                         {"Content-Type": "application/octet-stream", **client.inference_headers()})
     report = run_open_loop(target, rate_rps, duration_s, 10**7)
-    after = counters.read()
+    after = counters()
     return {"percent": percent, "served_rps": report.throughput_rps, "errors": report.errors,
             "p50_ms": report.latency_ms["p50"], "p99_ms": report.latency_ms["p99"],
-            "compared": after["Compared"] - before["Compared"],
-            "dropped": after["Dropped"] - before["Dropped"]}
+            "compared": after.compared - before.compared,
+            "dropped": after.dropped - before.dropped}
 
 
 def as_text(result: dict[str, Any]) -> str:

@@ -238,7 +238,8 @@ def shadow_reports(metrics_text: str, model: str, top: int = 10) -> list[ShadowR
             model, candidate, int(compared),
             ratio(total_of(mine, "HandlerShadowAgreement", **of), compared),
             ratio(total_of(mine, "HandlerShadowProbabilityShift", **of), compared)
-            if any(s.name == "HandlerShadowProbabilityShift" for s in mine) else None,
+            if any(s.name == "HandlerShadowProbabilityShift" and s.labels.get("Candidate") == candidate
+                   for s in mine) else None,
             ratio(total_of(mine, "HandlerShadowCandidateMs", **of), compared),
             mean_latency_ms(samples, model, "default"), mean_latency_ms(samples, model, candidate),
             dict(dropped), [(a, b, n) for (a, b), n in flips.most_common(top)]))

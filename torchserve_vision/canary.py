@@ -9,6 +9,10 @@ before the percent and narrowing it the percent before the version, so no reques
 to a version the maps do not name. A client that sends `X-Canary-Key` is placed by the key's
 hash: the same key always gets the same side while the percent stays, and stays on the
 candidate as the percent grows.
+
+Every change of the split is a `canary` entry of the rollout history (started before, done
+after; torchserve_vision.rollout_history), so `models rollback` undoes the steps one at a time
+(`undo_canary_step`) and a command that died half-way is finished or undone like a rollout.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from torchserve_vision.client import TorchServeClient
+from torchserve_vision.client import ManagementError, TorchServeClient
 from torchserve_vision.errors import CommandError
 from torchserve_vision.front_proxy import (
     ADMIN_SOCKET,
@@ -32,9 +37,18 @@ from torchserve_vision.front_proxy import (
     REQUEST_LOG_SOCKET,
 )
 from torchserve_vision.model_descriptions import ServingSettings
-from torchserve_vision.rollout import server_identity
-from torchserve_vision.rollout_history import HistoryEntry, Journal, now_text
-from torchserve_vision.server_state import default_version
+from torchserve_vision.rollout import interrupts_ignored, server_identity
+from torchserve_vision.rollout_history import (
+    CanarySplit,
+    ChangeKind,
+    ChangeState,
+    HistoryEntry,
+    Journal,
+    now_text,
+    record,
+    split_text,
+)
+from torchserve_vision.server_state import default_version, versions_of
 from torchserve_vision.shadow import ShadowTotals
 
 
@@ -104,11 +118,104 @@ def remove_canary(traffic_dir: Path, model: str) -> None:
     set_entry(traffic_dir, CANARY_VERSION_MAP, model, None)
 
 
-def canary_of(traffic_dir: Path, model: str) -> tuple[str, int] | None:
-    """(candidate version, percent) of `model`'s split in the running front; None: no split."""
+def apply_split(traffic_dir: Path, model: str, split: CanarySplit | None) -> None:
+    if split is None:
+        remove_canary(traffic_dir, model)
+    else:
+        set_canary(traffic_dir, model, split.version, split.percent)
+
+
+def canary_of(traffic_dir: Path, model: str) -> CanarySplit | None:
+    """`model`'s split in the running front; None: no split."""
     percent = live_map(traffic_dir, CANARY_PERCENT_MAP).get(model)
     version = live_map(traffic_dir, CANARY_VERSION_MAP).get(model)
-    return (version, int(percent)) if percent is not None and version is not None else None
+    return CanarySplit(version, int(percent)) if percent is not None and version is not None else None
+
+
+# --- the split's changes, in the rollout history -------------------------------------------------
+def described(client: TorchServeClient, model: str, version: str) -> dict[str, Any] | None:
+    try:
+        return client.describe(model, version)[0]
+    except (ManagementError, IndexError):
+        return None
+
+
+def split_entry(client: TorchServeClient, model: str, kind: ChangeKind, split: CanarySplit | None,
+                from_split: CanarySplit | None, note: str | None = None) -> HistoryEntry:
+    """The history entry of a change of `model`'s split (not recorded yet): `to_version` is the
+    candidate, `from_version` the default version."""
+    stable = default_version(client, model)
+    if stable is None:
+        raise CanaryError(f"{model} is not registered")
+    version = (split or from_split or CanarySplit(stable["modelVersion"], 0)).version
+    candidate = described(client, model, version) or {}
+    stable_settings = ServingSettings.of_version(stable)
+    return HistoryEntry(
+        kind=kind, model=model, to_version=version,
+        to_archive=str(candidate.get("modelUrl", "")),
+        to_settings=ServingSettings.of_version(candidate) if candidate else stable_settings,
+        from_version=stable["modelVersion"], from_archive=stable["modelUrl"],
+        from_settings=stable_settings, time=now_text(),
+        server=server_identity(client, model, stable["modelVersion"]), split=split,
+        from_split=from_split, note=note)
+
+
+def change_split(client: TorchServeClient, journal: Journal, traffic_dir: Path, model: str,
+                 split: CanarySplit | None, kind: ChangeKind = "canary",
+                 recorded_from: CanarySplit | None = None, note: str | None = None
+                 ) -> HistoryEntry | None:
+    """Set `model`'s split (None: remove it), recorded as a `kind` entry: started before, done
+    after. `recorded_from`: the split the entry says it left (default: the live one). None when
+    the split already is `split` (nothing recorded)."""
+    before = canary_of(traffic_dir, model)
+    if before == split:
+        return None
+    intent = journal.begin(split_entry(client, model, kind, split, recorded_from or before, note))
+    try:
+        apply_split(traffic_dir, model, split)
+    except (CanaryError, KeyboardInterrupt):
+        try:
+            apply_split(traffic_dir, model, before)
+            journal.end(intent, "undone")
+        except CanaryError:
+            pass   # left started: half-done, `models rollout --abort` restores `before`
+        raise
+    return journal.end(intent, "done")
+
+
+def undo_canary_step(client: TorchServeClient, step: HistoryEntry, traffic_dir: Path,
+                     journal: Journal, log: Callable[[str], None]) -> HistoryEntry | None:
+    """`models rollback` of a canary step (rollout_history.canary_step_to_undo): the split
+    before it again, recorded as a rollback (None: dry run). Refused when the front's split is
+    not what the step left (changed outside the history, or the server restarted) or the
+    version it goes back to is gone."""
+    model, live = step.model, canary_of(traffic_dir, step.model)
+    if live != step.split:
+        raise CanaryError(f"the latest canary step of {model} ({step.time}) left "
+                          f"{split_text(step.split)}, but the front has {split_text(live)}: it was "
+                          "changed outside the history; set the split with `models canary`")
+    live_server = server_identity(client, model, step.from_version or "")
+    if step.server is not None and live_server is not None and step.server != live_server:
+        raise CanaryError(f"the canary step of {model} of {step.time} was made on another server "
+                          f"({step.server}; this one is {live_server}): nothing to roll back")
+    target = step.from_split
+    if target is not None and target.version not in {v["modelVersion"] for v in
+                                                      versions_of(client, model)}:
+        raise CanaryError(f"the canary step of {step.time} came from {split_text(target)}, and "
+                          f"{model} {target.version} is no longer registered")
+    log(f"rollback of {model} (undoing the canary step of {step.time}): "
+        f"{split_text(step.split)} -> {split_text(target)}")
+    if client.dry_run:
+        return None
+    return change_split(client, journal, traffic_dir, model, target, kind="rollback")
+
+
+def settle_split_change(pending: HistoryEntry, traffic_dir: Path, journal: Journal,
+                        finish: bool) -> HistoryEntry:
+    """A change of the split that a dead command left `started`: finished (its split applied,
+    done) or undone (the split before it, aborted)."""
+    apply_split(traffic_dir, pending.model, pending.split if finish else pending.from_split)
+    return journal.end(pending, "done" if finish else "aborted")
 
 
 def promote_canary(client: TorchServeClient, model: str, traffic_dir: Path, journal: Journal,
@@ -120,13 +227,14 @@ def promote_canary(client: TorchServeClient, model: str, traffic_dir: Path, jour
     stable = default_version(client, model)
     if split is None or stable is None:
         raise CanaryError(f"{model} has no canary to promote")
-    version = split[0]
+    version = split.version
     candidate = client.describe(model, version)[0]
     intent = journal.begin(HistoryEntry(
         kind="rollout", model=model, to_version=version, to_archive=candidate["modelUrl"],
         to_settings=ServingSettings.of_version(candidate), from_version=stable["modelVersion"],
         from_archive=stable["modelUrl"], from_settings=ServingSettings.of_version(stable),
-        time=now_text(), server=server_identity(client, model, stable["modelVersion"])))
+        time=now_text(), server=server_identity(client, model, stable["modelVersion"]),
+        note=f"promoted from the canary ({split.text()})"))
     client.set_default(model, version)
     log(f"{model} {version} is the default; {stable['modelVersion']} stays registered for rollback")
     remove_canary(traffic_dir, model)
@@ -254,21 +362,35 @@ class CanaryAborted(CanaryError):
     """A step's gates failed: the split was removed, the stable version answers everything."""
 
 
+def end_walk(journal: Journal, walked: Sequence[HistoryEntry], state: ChangeState,
+             note: str) -> None:
+    """The walk's steps rewritten as `state`: no longer what serves, so `models rollback`
+    passes them by."""
+    for step in walked:
+        record(journal.history_file, replace(step, state=state, note=note))
+
+
 def walk_canary(client: TorchServeClient, model: str, version: str, traffic_dir: Path,
                 steps: Sequence[int], hold_s: float, gates: Gates, journal: Journal,
                 log: Callable[[str], None],
                 shadow_totals: Callable[[], ShadowTotals] | None = None) -> HistoryEntry:
     """Each step's percent for `hold_s`, the candidate judged against the stable version over the
     same window (at 100%, against the last window the stable version answered in); promoted
-    after the last step, or the split removed and CanaryAborted at the first failed gate.
-    Ctrl-C removes the split too. `shadow_totals()`: the shadow's counters for this candidate so
-    far, for the agreement gate."""
+    after the last step. Each step is a canary entry of the history. At the first failed gate
+    the walk's steps are rewritten as aborted (with the reasons) and the split before the walk
+    is restored (removed when it was this candidate's: that removal is a step of its own);
+    CanaryAborted. Ctrl-C restores the split before the walk and rewrites its steps as undone.
+    `shadow_totals()`: the shadow's counters for this candidate so far, for the agreement gate."""
     baseline = SideStats(0, 0.0, 0.0)
     totals = shadow_totals or (lambda: ShadowTotals(0.0, 0.0, 0.0))
+    before_walk = canary_of(traffic_dir, model)
+    walked: list[HistoryEntry] = []
     with RequestLog(traffic_dir) as requests_log:
         try:
             for percent in steps:
-                set_canary(traffic_dir, model, version, percent)
+                step = change_split(client, journal, traffic_dir, model,
+                                    CanarySplit(version, percent))
+                walked += [step] if step is not None else []
                 requests_log.take()
                 before = totals()
                 time.sleep(hold_s)
@@ -285,10 +407,28 @@ def walk_canary(client: TorchServeClient, model: str, version: str, traffic_dir:
                     f"{stable.text()}{shadowed}")
                 failures = gate_failures(baseline, candidate, gates, agreement)
                 if failures:
-                    remove_canary(traffic_dir, model)
+                    note = f"gates failed at {percent}%: {'; '.join(failures)}"
+                    abort_walk(client, journal, traffic_dir, model, walked, before_walk, version, note)
                     raise CanaryAborted(f"the canary of {model} {version} stopped at {percent}% and "
                                         f"was removed: {'; '.join(failures)}")
         except KeyboardInterrupt:
-            remove_canary(traffic_dir, model)
-            raise CanaryAborted(f"the canary of {model} {version} was interrupted and removed") from None
+            with interrupts_ignored():
+                apply_split(traffic_dir, model, before_walk)
+                end_walk(journal, walked, "undone", "interrupted")
+            raise CanaryAborted(f"the canary of {model} {version} was interrupted; "
+                                f"{split_text(before_walk)} again") from None
     return promote_canary(client, model, traffic_dir, journal, log)
+
+
+def abort_walk(client: TorchServeClient, journal: Journal, traffic_dir: Path, model: str,
+               walked: Sequence[HistoryEntry], before_walk: CanarySplit | None, version: str,
+               note: str) -> None:
+    """A failed gate: the walk's steps aborted; the split before the walk again, unless it was
+    this candidate's (then no split, recorded as a step from it)."""
+    with interrupts_ignored():
+        end_walk(journal, walked, "aborted", note)
+        if before_walk is not None and before_walk.version == version:
+            change_split(client, journal, traffic_dir, model, None, recorded_from=before_walk,
+                         note=note)
+        else:
+            apply_split(traffic_dir, model, before_walk)

@@ -1,7 +1,8 @@
 """`models canary`: the front (HAProxy, `server run --front-port`) answers a share of a model's
 unversioned requests from a candidate version, changed through HAProxy's runtime API under
-load, with no failed request; `--promote` makes the candidate the default and keeps the old
-version for `models rollback`. Every answer says which version produced it (X-Model-Version).
+load, with no failed request; each step is in the rollout history and `models rollback` undoes
+one at a time; `--promote` makes the candidate the default and keeps the old version for
+`models rollback`. Every answer says which version produced it (X-Model-Version).
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from tests.server.load import ContinuousLoad
 from tests.server.test_triton_client import image_input
 from torchserve_vision import paths
 from torchserve_vision.archives.versions import archive_with_version
+from torchserve_vision.canary import canary_of, live_map, set_entry, split_entry
 from torchserve_vision.cli import main as command
 from torchserve_vision.client import TorchServeClient
+from torchserve_vision.front_proxy import CANARY_VERSION_MAP
 from torchserve_vision.lab.pods import Pod
+from torchserve_vision.rollout_history import CanarySplit, Journal, read_history
 from torchserve_vision.server_state import default_version
+from torchserve_vision.shadow import traffic_dir_of
 from torchserve_vision.torchserve_config import free_ports, server_config
 
 pytestmark = pytest.mark.server
@@ -75,6 +80,10 @@ def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fro
         assert all(len(side) == 1 for side in sides.values())
         assert models(fronted, model_store, "canary", MODEL, "--percent", "100") == 0
         assert versions_answering(fronted, 5) == Counter({CANDIDATE: 5})
+        # each step is in the history, and a rollback undoes one step: 30% again
+        assert models(fronted, model_store, "rollback", MODEL) == 0
+        assert set(versions_answering(fronted, 40)) == {"1.0", CANDIDATE}
+        assert models(fronted, model_store, "canary", MODEL, "--percent", "100") == 0
         assert models(fronted, model_store, "canary", MODEL, "--promote") == 0
         assert (default_version(client, MODEL) or {}).get("modelVersion") == CANDIDATE
         assert versions_answering(fronted, 5) == Counter({CANDIDATE: 5})
@@ -82,6 +91,11 @@ def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fro
         assert versions_answering(fronted, 5) == Counter({"1.0": 5})
     assert load.failures() == [] and len(load.outcomes) > 50
     assert {outcome.model_version for outcome in load.outcomes} == {"1.0", CANDIDATE}
+    changes = [(e.kind, e.state, e.from_split and e.from_split.percent, e.split and e.split.percent)
+               for e in read_history(fronted.run_dir / "history.json")][-6:]
+    assert changes == [("canary", "done", None, 30), ("canary", "done", 30, 100),
+                       ("rollback", "done", 100, 30), ("canary", "done", 30, 100),
+                       ("rollout", "done", None, None), ("rollback", "done", None, None)]
 
 
 def test_versioned_requests_and_other_models_are_never_split(fronted, model_store):
@@ -121,6 +135,9 @@ def test_a_stepped_canary_removes_a_failing_candidate_and_promotes_a_good_one(
         load.wait_for(10)
     refused = [o for o in load.outcomes if o.status != 200]
     assert refused and {o.model_version for o in refused} == {"3.0-refusing"}
+    (walked,) = [e for e in read_history(fronted.run_dir / "history.json")
+                 if e.to_version == "3.0-refusing"]
+    assert (walked.kind, walked.state) == ("canary", "aborted") and "gates failed at 50%" in str(walked.note)
     assert (default_version(client, MODEL) or {}).get("modelVersion") == "1.0"
     assert versions_answering(fronted, 5) == Counter({"1.0": 5})
 
@@ -150,3 +167,22 @@ def test_a_stepped_canary_stops_when_its_shadow_disagrees_with_production(
         assert versions_answering(fronted, 5) == Counter({"1.0": 5})
     finally:
         assert models(fronted, model_store, "shadow", MODEL, "--off", "--retire") == 0
+
+
+def test_a_canary_step_a_dead_command_left_half_done_is_undone_by_abort(fronted, model_store, capsys):
+    """A step recorded as started whose command died between the maps' writes: rollbacks are
+    refused with the way out, `models history` shows it, `models rollout --abort` clears it."""
+    client = TorchServeClient(fronted.instance.management_url, fronted.instance.inference_url)
+    traffic_dir = traffic_dir_of(client, MODEL, "1.0")
+    journal = Journal(fronted.run_dir / "history.json")
+    journal.begin(split_entry(client, MODEL, "canary", CanarySplit("1.0", 50), None))
+    set_entry(traffic_dir, CANARY_VERSION_MAP, MODEL, "1.0")     # ... and then it died
+    capsys.readouterr()
+    assert models(fronted, model_store, "rollback", MODEL) == 1
+    assert "models rollout --abort" in capsys.readouterr().err
+    assert models(fronted, model_store, "history", MODEL, "--last", "1") == 0
+    assert "started  canary   efficientnet_lite0  no split -> 50% to 1.0" in capsys.readouterr().out
+    assert models(fronted, model_store, "rollout", MODEL, "--abort") == 0
+    assert canary_of(traffic_dir, MODEL) is None and live_map(traffic_dir, CANARY_VERSION_MAP) == {}
+    assert journal.pending(MODEL) is None and read_history(journal.history_file)[-1].state == "aborted"
+    assert versions_answering(fronted, 3) == Counter({"1.0": 3})

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout_history import (
+    CanarySplit,
     HistoryEntry,
     Journal,
+    canary_step_to_undo,
     half_done_text,
     last_change,
     read_history,
@@ -114,3 +117,67 @@ def test_entries_of_older_files_are_done_on_an_unknown_server(tmp_path: Path):
     history.write_text(json.dumps([raw]))
     (read,) = read_history(history)
     assert (read.state, read.server) == ("done", None)
+
+
+def step(percent: int | None, before: int | None, kind: str = "canary", state: str = "done") -> HistoryEntry:
+    """A change of m's split (2.0 the candidate, 1.0 the default) from `before` % to `percent` %
+    (None: no split)."""
+    def split(value: int | None) -> CanarySplit | None:
+        return CanarySplit("2.0", value) if value is not None else None
+    return replace(entry("2.0", "1.0", kind), split=split(percent), from_split=split(before),
+                   state=state)  # type: ignore[arg-type]
+
+
+def test_canary_steps_are_read_back_with_their_splits(tmp_path: Path):
+    history = tmp_path / "history.json"
+    written = [step(10, None), replace(step(None, 10), note="gates failed at 10%")]
+    for item in written:
+        record(history, item)
+    assert read_history(history) == written
+
+
+def test_rollback_undoes_canary_steps_one_at_a_time_like_an_undo_stack(tmp_path: Path):
+    history = tmp_path / "history.json"
+    for item in (entry("1.0", "0.9"), step(10, None), step(25, 10), step(50, 25)):
+        record(history, item)
+    assert canary_step_to_undo(history, "m") == step(50, 25)
+    record(history, step(25, 50, "rollback"))
+    assert canary_step_to_undo(history, "m") == step(25, 10)
+    record(history, step(10, 25, "rollback"))
+    assert canary_step_to_undo(history, "m") == step(10, None)
+    record(history, step(None, 10, "rollback"))
+    assert canary_step_to_undo(history, "m") is None           # the rollout before: a plain rollback's
+    assert last_change(history, "m", "1.0") == entry("1.0", "0.9")
+    assert canary_step_to_undo(history, "other") is None
+
+
+def test_a_step_after_a_rollback_of_steps_is_undone_first(tmp_path: Path):
+    history = tmp_path / "history.json"
+    for item in (step(10, None), step(50, 10), step(10, 50, "rollback"), step(30, 10)):
+        record(history, item)
+    assert canary_step_to_undo(history, "m") == step(30, 10)
+    record(history, step(10, 30, "rollback"))
+    assert canary_step_to_undo(history, "m") == step(10, None)
+
+
+def test_aborted_and_undone_steps_and_changes_after_the_steps_are_passed_by(tmp_path: Path):
+    history = tmp_path / "history.json"
+    for item in (step(10, None), step(25, 10, state="aborted"), step(50, 25, state="undone")):
+        record(history, item)
+    assert canary_step_to_undo(history, "m") == step(10, None)
+    record(history, entry("2.0", "1.0"))                        # a promotion: a rollout
+    assert canary_step_to_undo(history, "m") is None
+    assert last_change(history, "m", "2.0") == entry("2.0", "1.0")
+
+
+def test_canary_steps_are_never_taken_for_a_change_of_the_default(tmp_path: Path):
+    history = tmp_path / "history.json"
+    record(history, step(10, None))
+    assert last_change(history, "m", "2.0") is None
+
+
+def test_a_half_done_canary_step_says_which_split_abort_restores(tmp_path: Path):
+    started = Journal(tmp_path / "history.json").begin(step(25, 10))
+    text = half_done_text(started)
+    assert "from 10% to 2.0 to 25% to 2.0" in text and "models rollout --abort m" in text
+    assert "restores 10% to 2.0" in text

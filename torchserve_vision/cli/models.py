@@ -24,9 +24,10 @@ from torchserve_vision.archives.versions import (
 from torchserve_vision.canary import (
     Gates,
     canary_of,
+    change_split,
     promote_canary,
-    remove_canary,
-    set_canary,
+    settle_split_change,
+    undo_canary_step,
     walk_canary,
 )
 from torchserve_vision.canary_route import canary_httproute
@@ -53,7 +54,15 @@ from torchserve_vision.rollout import (
     scale,
     wait_for_workers,
 )
-from torchserve_vision.rollout_history import Journal, half_done_text
+from torchserve_vision.rollout_history import (
+    CanarySplit,
+    HistoryEntry,
+    Journal,
+    canary_step_to_undo,
+    half_done_text,
+    read_history,
+    split_text,
+)
 from torchserve_vision.server_state import default_version, local_gpu_count, versions_of
 from torchserve_vision.shadow import (
     ShadowPlan,
@@ -275,7 +284,16 @@ def rollout_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         if args.archive or args.same_archive:
             raise RolloutError("--abort undoes the half-done change recorded for the model: give "
                                "no archive")
-        entry = abort(client, args.model, Journal(args.history), args.model_store,
+        journal = Journal(args.history)
+        pending = journal.pending(args.model)
+        if pending is not None and pending.changes_split:
+            if not client.dry_run:
+                settle_split_change(pending, split_traffic_dir(client, args.model), journal,
+                                    finish=False)
+            print(f"aborted the {pending.kind} of {args.model}'s canary: "
+                  f"{split_text(pending.from_split)} again")
+            return
+        entry = abort(client, args.model, journal, args.model_store,
                       rollout_plan(client, args, archive=""), print)
         print(f"aborted the {entry.kind} of {args.model} to {entry.to_version}")
         return
@@ -310,11 +328,36 @@ def command_rollback(client: TorchServeClient, args: argparse.Namespace) -> None
 
 
 def rollback_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
+    """The latest canary step is undone first (one step per rollback), then rollouts and
+    scalings (torchserve_vision.rollout.rollback)."""
+    journal = Journal(args.history)
+    pending = journal.pending(args.model)
+    if pending is not None and pending.changes_split:
+        if pending.kind != "rollback":
+            raise RolloutError(half_done_text(pending))
+        settled = settle_split_change(pending, split_traffic_dir(client, args.model), journal,
+                                      finish=True)
+        print(f"finished the rollback of {args.model}'s canary: {split_text(settled.split)}")
+        return
+    step = canary_step_to_undo(journal.history_file, args.model)
+    if step is not None:
+        undone = undo_canary_step(client, step, split_traffic_dir(client, args.model), journal, print)
+        if undone is not None:
+            print(f"rolled back {args.model}'s canary to {split_text(undone.split)}")
+        return
     template = rollout_plan(client, args, archive="")
-    entry = rollback(client, args.model, Journal(args.history), args.model_store, template, print)
+    entry = rollback(client, args.model, journal, args.model_store, template, print)
     if entry is None:
         return
     print(f"rolled back {args.model} to {entry.to_version}")
+
+
+def split_traffic_dir(client: TorchServeClient, model: str) -> Path:
+    """Where the front serving `model`'s default version keeps its split."""
+    stable = default_version(client, model)
+    if stable is None:
+        raise RolloutError(f"{model} is not registered")
+    return traffic_dir_of(client, model, stable["modelVersion"])
 
 
 def command_shadow(client: TorchServeClient, args: argparse.Namespace) -> None:
@@ -366,16 +409,24 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     if stable is None:
         raise RolloutError(f"{args.model} is not registered")
     traffic_dir = traffic_dir_of(client, args.model, stable["modelVersion"])
+    journal = Journal(args.history)
+    pending = journal.pending(args.model)
+    if pending is not None:
+        if not pending.changes_split:
+            raise RolloutError(half_done_text(pending))
+        settle_split_change(pending, traffic_dir, journal, finish=False)
+        print(f"the half-done {pending.kind} of {pending.time} is undone: "
+              f"{split_text(pending.from_split)} again")
     if args.promote or args.off:
         if args.archive or args.percent is not None:
             raise RolloutError("--promote and --off act on the canary in place: give no archive "
                                "or --percent")
         if args.promote:
-            entry = promote_canary(client, args.model, traffic_dir, Journal(args.history), print)
+            entry = promote_canary(client, args.model, traffic_dir, journal, print)
             print(f"promoted {args.model} {entry.to_version} (was {entry.from_version}; "
                   "`models rollback` returns to it)")
             return
-        remove_canary(traffic_dir, args.model)
+        change_split(client, journal, traffic_dir, args.model, None)
         print(f"{args.model}: no canary; {stable['modelVersion']} answers every request")
         return
     if args.steps is not None:
@@ -385,7 +436,7 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         gates = Gates(args.max_failure_increase, args.max_p99_ratio, args.p99_slack,
                       args.min_requests, args.min_agreement)
         entry = walk_canary(client, args.model, version, traffic_dir, args.steps, args.hold, gates,
-                            Journal(args.history), print,
+                            journal, print,
                             None if args.min_agreement is None
                             else lambda: shadow_totals(scrape(args.metrics_url), args.model, version))
         print(f"promoted {args.model} {entry.to_version} after {len(args.steps)} steps (was "
@@ -394,7 +445,7 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     if args.percent is None or not 0 < args.percent <= 100:
         raise RolloutError("give --percent in (0, 100], or --steps with --auto (or --promote / --off)")
     version = canary_version(client, args, traffic_dir, stable)
-    set_canary(traffic_dir, args.model, version, args.percent)
+    change_split(client, journal, traffic_dir, args.model, CanarySplit(version, args.percent))
     print(f"{args.model}: {args.percent}% of requests to {version}, the rest to "
           f"{stable['modelVersion']}")
 
@@ -419,7 +470,7 @@ def canary_version(client: TorchServeClient, args: argparse.Namespace, traffic_d
                                   args.model_store, print)
     split = canary_of(traffic_dir, args.model)
     if split is not None:
-        return split[0]
+        return split.version
     shadow = worker_shadow_state(client, args.model, stable["modelVersion"]).get("policy")
     if shadow:
         return str(shadow["candidate_version"])
@@ -429,6 +480,27 @@ def canary_version(client: TorchServeClient, args: argparse.Namespace, traffic_d
         raise RolloutError(f"name the candidate's archive: {args.model} has "
                            f"{len(others)} other registered versions")
     return str(others[0])
+
+
+def command_history(client: TorchServeClient, args: argparse.Namespace) -> None:
+    entries = [entry for entry in read_history(args.history)
+               if args.model in (None, entry.model)][-args.last:]
+    show([entry.to_json() for entry in entries], args.json,
+         [history_line(entry) for entry in entries] or [f"no changes recorded in {args.history}"])
+
+
+def history_line(entry: HistoryEntry) -> str:
+    """`time state kind model what`, one line per change."""
+    if entry.changes_split:
+        what = f"{split_text(entry.from_split)} -> {split_text(entry.split)} (default {entry.from_version})"
+    elif entry.from_version == entry.to_version:   # a scaling, or the rollback of one
+        before = entry.from_settings or entry.to_settings
+        what = (f"{entry.to_version}: workers {before.min_workers}/{before.max_workers} -> "
+                f"{entry.to_settings.min_workers}/{entry.to_settings.max_workers}")
+    else:
+        what = f"{entry.from_version or 'nothing'} -> {entry.to_version} ({entry.to_archive})"
+    note = f"; {entry.note}" if entry.note else ""
+    return f"{entry.time}  {entry.state:<8} {entry.kind:<8} {entry.model}  {what}{note}"
 
 
 def command_shadow_report(client: TorchServeClient, args: argparse.Namespace) -> None:
@@ -584,6 +656,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="the candidate's smoke test (default: scikit-image's chelsea.png)")
     add_workers(canary, with_total=True)
     canary.set_defaults(batching=None)
+    history = actions.add_parser("history", parents=[common],
+                                 help="the recorded changes: rollouts, scalings, canary steps, "
+                                      "rollbacks, and how each ended")
+    history.add_argument("model", nargs="?", help="one model (default: every model)")
+    history.add_argument("--last", type=int, default=20, help="the latest N changes")
     report = actions.add_parser("shadow-report", parents=[common],
                                 help="how a shadowed candidate's answers compare with production's")
     report.add_argument("model")
@@ -598,6 +675,7 @@ COMMANDS = {"list": command_list, "describe": command_describe, "register": comm
             "scale": command_scale, "set-default": command_set_default,
             "unregister": command_unregister, "rollout": command_rollout, "rollback": command_rollback,
             "shadow": command_shadow, "shadow-report": command_shadow_report,
+            "history": command_history,
             "canary": command_canary}
 
 

@@ -415,12 +415,14 @@ def add_rollout_drill(actions: argparse._SubParsersAction) -> None:
     model_flag(parser)
     parser.add_argument("--load-fraction", type=float, default=0.25,
                         help="offered load as a fraction of the measured capacity")
+    parser.add_argument("--canary", action="store_true",
+                        help="through the front: shadow, canary steps, promotion, an aborted walk")
     parser.set_defaults(run=run_rollout_drill)
 
 
 def run_rollout_drill(args: argparse.Namespace) -> int:
     store = own_server_store(args)
-    outcome = rollout_drill.drill(args.config, store, args.model, args.load_fraction)
+    outcome = rollout_drill.drill(args.config, store, args.model, args.load_fraction, args.canary)
     if args.json:
         print(json.dumps(outcome, indent=2))
     else:

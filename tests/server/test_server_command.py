@@ -1,5 +1,5 @@
-"""`torchserve-vision server run / status / stop` as a user (or a container) runs them: separate
-processes, a real TorchServe, SIGTERM to the foreground process."""
+"""`torchserve-vision server run / start / status / stop` as a user (or a container) runs them:
+separate processes, a real TorchServe, SIGTERM to the foreground process."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
+import requests
 
 from tests.images import CAT_LABELS, PHOTOS_DIR
 from torchserve_vision import paths
+from torchserve_vision.front_proxy import accepts_connections
 from torchserve_vision.server_process import frontend_pid, instance_for
-from torchserve_vision.torchserve_config import server_config
+from torchserve_vision.torchserve_config import free_ports, server_config
 
 pytestmark = pytest.mark.server
 
@@ -56,3 +59,34 @@ def test_run_serves_until_sigterm_then_stops_and_exits_zero(model_store: Path, t
     stopped = subprocess.run(command("server", "status", *location), capture_output=True, text=True,
                              timeout=60)
     assert stopped.returncode == 1 and "not answering /ping" in stopped.stdout
+
+
+def test_start_with_a_front_returns_ready_and_stop_leaves_nothing_running(model_store: Path,
+                                                                          tmp_path: Path):
+    """`server start --front-port F` runs `server run` with its front in the background: the
+    command returns once it is ready, the front answers, and `server stop` ends all of it."""
+    run_dir = tmp_path / "run"
+    config = server_config(tmp_path, model_store, paths.DEVELOPMENT_CONFIG,
+                           load_models="efficientnet_lite0-1.0.mar")
+    location = ["--config", str(config), "--run-dir", str(run_dir)]
+    front_port = free_ports(1)[0]
+    try:
+        started = subprocess.run(command("server", "start", *location, "--front-port", str(front_port)),
+                                 capture_output=True, text=True, timeout=300)
+        assert started.returncode == 0, started.stderr
+        assert f"the front on port {front_port}" in started.stdout
+        answer = requests.post(f"http://127.0.0.1:{front_port}/predictions/efficientnet_lite0",
+                               data=(PHOTOS_DIR / "chelsea.png").read_bytes(), timeout=60)
+        assert answer.status_code == 200 and answer.headers["X-Model-Version"] == "1.0"
+        status = subprocess.run(command("server", "status", *location), capture_output=True,
+                                text=True, timeout=60)
+        assert status.returncode == 0
+    finally:
+        stopped = subprocess.run(command("server", "stop", *location), capture_output=True,
+                                 text=True, timeout=300)
+    assert stopped.returncode == 0, stopped.stderr
+    assert frontend_pid(instance_for(config, run_dir)) is None
+    assert not accepts_connections(front_port)
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
+            if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert left == []

@@ -7,12 +7,16 @@ import os
 import sys
 from pathlib import Path
 
+import psutil
+
 from torchserve_vision import paths
 from torchserve_vision.cli.common import subcommand
 from torchserve_vision.deployment_settings import DeploymentSettings
+from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.server_process import (
     ForegroundOptions,
     TorchServeInstance,
+    configured_model_store,
     instance_for,
     ping,
     run_in_foreground,
@@ -20,6 +24,10 @@ from torchserve_vision.server_process import (
     stop,
 )
 from torchserve_vision.server_state import models_ready
+from torchserve_vision.torchserve_config import free_ports
+
+# The pid of `server run` when `server start --front-port` started it, in the run directory.
+BACKGROUND_RUN_PID = "server-run.pid"
 
 DESCRIPTION = """\
 Start, stop, check or run TorchServe from a config file, in its own run directory (logs, keys,
@@ -31,10 +39,15 @@ pid file), so several instances can run side by side.
   torchserve-vision server stop                 # answers queued requests first (--drain-timeout)
   torchserve-vision server run                  # in the foreground until SIGTERM / Ctrl-C
   torchserve-vision server run --probe-port 8090 --drain-delay 5   # a container's command
+  torchserve-vision server start --front-port 8000   # `server run` with its front, in the background
 
 `run` serves readiness and liveness probes on --probe-port (GET /ready, GET /live; no key
 needed), and on SIGTERM turns readiness false, keeps serving for --drain-delay seconds, answers
 what is queued and in flight (up to --drain-timeout), stops TorchServe and exits 0.
+
+`start --front-port F` starts `run` with its front (HAProxy: the Open Inference Protocol's model
+endpoints, the canary split) in the background, output in the run directory's server-run.out,
+and returns once it is ready; `stop` sends it SIGTERM and waits for it.
 
 Environment (a deployment's settings; unset = the config as written):
   TSV_BIND_ADDRESS=0.0.0.0        inference, management, metrics and probe addresses
@@ -72,14 +85,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     probing.add_argument("--probe-port", type=int, default=int(probe_port) if probe_port else None,
                          help="serve GET /ready and /live on this port (default: $TSV_PROBE_PORT; "
                               "none when unset)")
+    fronting = argparse.ArgumentParser(add_help=False)
     front_port = os.environ.get("TSV_FRONT_PORT")
-    probing.add_argument("--front-port", type=int, default=int(front_port) if front_port else None,
-                         help="serve a front (HAProxy) on this port: TorchServe's inference API "
-                              "plus the Open Inference Protocol's model metadata and readiness, "
-                              "GET /v2/models/{m}[/ready], which TorchServe does not route; needs "
-                              "--probe-port (default: $TSV_FRONT_PORT; none when unset)")
+    fronting.add_argument("--front-port", type=int, default=int(front_port) if front_port else None,
+                          help="serve a front (HAProxy) on this port: TorchServe's inference API "
+                               "plus the Open Inference Protocol's model metadata and readiness, "
+                               "GET /v2/models/{m}[/ready], which TorchServe does not route, and "
+                               "the canary split (`models canary`); `run` needs --probe-port, "
+                               "`start` runs `run` in the background (default: $TSV_FRONT_PORT; "
+                               "none when unset)")
     grpc_front_port = os.environ.get("TSV_GRPC_FRONT_PORT")
-    probing.add_argument("--grpc-front-port", type=int,
+    fronting.add_argument("--grpc-front-port", type=int,
                          default=int(grpc_front_port) if grpc_front_port else None,
                          help="serve the Open Inference Protocol's standard gRPC service "
                               "(inference.GRPCInferenceService, what tritonclient.grpc calls) on "
@@ -94,10 +110,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help="seconds to keep serving after SIGTERM with readiness false, before "
                               "draining (time for load balancers to stop sending)")
     for name, parents, run, text in (
-            ("start", [location, starting], run_start, "start TorchServe and wait for READY workers"),
+            ("start", [location, starting, fronting], run_start,
+             "start TorchServe and wait for READY workers"),
             ("stop", [location, draining], run_stop, "drain, then stop TorchServe"),
             ("status", [location], run_status, "exit 0 when every model has READY workers"),
-            ("run", [location, starting, draining, probing], run_foreground,
+            ("run", [location, starting, draining, probing, fronting], run_foreground,
              "start, serve until SIGTERM or SIGINT, drain, stop (a container's command)")):
         actions.add_parser(name, parents=parents, help=text, description=text).set_defaults(run=run)
 
@@ -117,12 +134,58 @@ def run_start(args: argparse.Namespace) -> int:
     if ping(instance):
         print(f"TorchServe is already serving at {instance.inference_url}")
         return 0
+    if args.front_port is not None:
+        return start_fronted(args, instance)
     start(instance, args.model_store, timeout_s=args.timeout)
     print(f"TorchServe is ready at {instance.inference_url} (logs in {instance.log_dir})")
     return 0
 
 
+def start_fronted(args: argparse.Namespace, instance: TorchServeInstance) -> int:
+    """`server run` with its front, in a session of its own that outlives this command; ready
+    when its readiness probe answers 200."""
+    probe_port = os.environ.get("TSV_PROBE_PORT")
+    run = Pod("server", args.config, args.run_dir,
+              args.model_store or configured_model_store(args.config), drain_delay_s=0.0,
+              environment={}, probe_port=int(probe_port) if probe_port else free_ports(1)[0],
+              front_port=args.front_port, grpc_front_port=args.grpc_front_port)
+    run.start()
+    assert run.process is not None
+    (args.run_dir / BACKGROUND_RUN_PID).write_text(str(run.process.pid))
+    try:
+        run.wait_ready(args.timeout)
+    except PodError:
+        run.kill()
+        (args.run_dir / BACKGROUND_RUN_PID).unlink(missing_ok=True)
+        raise
+    grpc = f"; gRPC front on port {args.grpc_front_port}" if args.grpc_front_port else ""
+    print(f"TorchServe is ready at {instance.inference_url}; the front on port {args.front_port}"
+          f"{grpc}; probes on port {run.probe_port} (output in {run.output_path})")
+    return 0
+
+
+def stop_background_run(run_dir: Path, timeout_s: float) -> bool:
+    """SIGTERM to the `server run` that `server start --front-port` left in the background, and
+    wait for it to drain and exit; False when there is none."""
+    pid_file = run_dir / BACKGROUND_RUN_PID
+    if not pid_file.is_file():
+        return False
+    try:
+        process = psutil.Process(int(pid_file.read_text().strip()))
+        if "torchserve_vision" in " ".join(process.cmdline()):
+            process.terminate()
+            process.wait(timeout=timeout_s)
+    except (psutil.NoSuchProcess, ValueError):
+        pass
+    except psutil.TimeoutExpired:
+        process.kill()
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
 def run_stop(args: argparse.Namespace) -> int:
+    # `server run` drains and stops its TorchServe itself (and its front); then nothing is left
+    stop_background_run(args.run_dir, args.drain_timeout + 120)
     stop(instance_from(args), drain_timeout_s=args.drain_timeout)
     print("TorchServe has stopped")
     return 0

@@ -15,7 +15,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
-OVERLAYS = {"cpu": DEPLOY / "kubernetes", "gpu": DEPLOY / "kubernetes-gpu"}
+OVERLAYS = {"cpu": DEPLOY / "kubernetes", "gpu": DEPLOY / "kubernetes-gpu",
+            "canary": DEPLOY / "kubernetes-canary"}
 KUBECTL = Path(sys.executable).with_name("kubectl")
 
 

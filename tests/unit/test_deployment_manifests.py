@@ -44,7 +44,7 @@ ADAPTER_VALUES = DEPLOY / "prometheus-adapter" / "values.yaml"
 PODMONITOR_SCHEMA = REPO / "tests" / "schemas" / "prometheus-operator-v0.93.0-podmonitor-v1.schema.json"
 
 
-@pytest.fixture(scope="module", params=["cpu", "gpu"])
+@pytest.fixture(scope="module", params=["cpu", "gpu", "canary"])
 def overlay(request) -> tuple[str, list[dict[str, Any]]]:
     return request.param, rendered(request.param)
 
@@ -395,10 +395,49 @@ def test_the_canary_httproute_matches_the_gateway_apis_published_schema(httprout
     assert mirror["requestMirror"] == {"backendRef": {"name": "torchserve-vision-canary",
                                                       "port": 8080}, "percent": 5}
     assert rest["backendRefs"] == [{"name": "torchserve-vision", "port": 8080}]
-    # the Service the route sends the stable share to is the one the manifests define
-    service = resource(rendered("cpu"), "Service")
-    assert (service["metadata"]["name"], service["spec"]["ports"][0]["port"]) == (
-        "torchserve-vision", 8080)
+    # the Services the route sends the two shares to are the ones the manifests define
+    for overlay, name in (("cpu", "torchserve-vision"), ("canary", "torchserve-vision-canary")):
+        service = resource(rendered(overlay), "Service")
+        assert (service["metadata"]["name"], service["spec"]["ports"][0]["port"]) == (name, 8080)
+
+
+def pod_selectors(resources: list[dict[str, Any]]) -> list[tuple[str, dict[str, str]]]:
+    """Every selector of the overlay's own pods: (where, its labels)."""
+    found = []
+    for item in resources:
+        kind, spec = item["kind"], item["spec"]
+        if kind == "Service":
+            found.append((kind, spec["selector"]))
+        elif kind in ("Deployment", "PodDisruptionBudget", "PodMonitor"):
+            found.append((kind, spec["selector"]["matchLabels"]))
+        elif kind == "NetworkPolicy":
+            found.append((kind, spec["podSelector"]["matchLabels"]))
+        if kind == "Deployment":
+            found += [("topology spread", spread["labelSelector"]["matchLabels"])
+                      for spread in spec["template"]["spec"]["topologySpreadConstraints"]]
+    return found
+
+
+def test_the_canary_and_the_stable_deployment_never_select_each_others_pods():
+    """deploy/kubernetes-canary beside deploy/kubernetes: every selector of each takes its own
+    pods and never the other's; no name is shared; both let the same operators in."""
+    stable, canary = rendered("cpu"), rendered("canary")
+
+    def pod_labels(resources: list[dict[str, Any]]) -> dict[str, str]:
+        return dict(resource(resources, "Deployment")["spec"]["template"]["metadata"]["labels"])
+
+    for own, other in ((stable, canary), (canary, stable)):
+        assert len(pod_selectors(own)) == 7
+        for where, selector in pod_selectors(own):
+            assert selector.items() <= pod_labels(own).items(), where
+            assert not selector.items() <= pod_labels(other).items(), where
+    assert {(r["kind"], r["metadata"]["name"]) for r in stable}.isdisjoint(
+        {(r["kind"], r["metadata"]["name"]) for r in canary})
+    assert resource(canary, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["name"] == \
+        resource(canary, "Deployment")["metadata"]["name"]
+    assert [resource(r, "NetworkPolicy")["spec"]["ingress"] for r in (stable, canary)] == \
+        [resource(stable, "NetworkPolicy")["spec"]["ingress"]] * 2
+    assert container(canary)["image"] != container(stable)["image"]
 
 
 def test_the_schema_refuses_what_the_gateway_would(httproute_validator, capsys):

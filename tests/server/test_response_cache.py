@@ -1,6 +1,7 @@
 """The response cache on a real TorchServe with a real Redis: a repeat answered from the worker's
-memory, hits shared between workers through Redis, bypass, metrics, and a Redis killed in the
-middle of continuous load costing no request."""
+memory, hits shared between workers through Redis, bypass, metrics, a Redis killed in the
+middle of continuous load costing no request, and two versions of a model sharing one Redis
+never answering with each other's answers."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ import requests
 
 from tests.images import photo_bytes
 from tests.redis_server import RedisServer, redis_server
+from tests.server.candidate_archives import reversed_labels_copy
 from tests.server.http_client import concurrently, session
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.compare import register, unregister_all
 from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop
 from torchserve_vision.model_descriptions import ServingSettings
+from torchserve_vision.rollout import wait_for_workers
 from torchserve_vision.server_process import TorchServeInstance
+from torchserve_vision.server_state import versions_of
 from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
@@ -105,3 +109,28 @@ def test_a_redis_killed_under_load_fails_no_request_and_hits_resume_when_it_is_b
     text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
     errors = re.findall(rf'^HandlerCacheRedisErrors\{{.*ModelName="{SHARED}".*\}} (\S+)$', text, re.M)
     assert errors and float(errors[0]) >= 1
+
+
+def test_two_versions_sharing_one_redis_never_answer_with_each_others_answers(
+        cached, model_store, redis):
+    """A candidate beside the served version (a canary, a shadow) whose answers differ: its class
+    names reversed, the same Redis. Each version's repeat is a hit with its own answer, never the
+    other's."""
+    client = cached.client()
+    served = versions_of(client, SHARED)[0]
+    renamed = reversed_labels_copy(model_store, served["modelUrl"], "cache-redis-renamed")
+    client.call("POST", "/models", {"url": renamed, "model_name": SHARED, "batch_size": 8,
+                                    "max_batch_delay": 5, "initial_workers": 1,
+                                    "synchronous": "false"})
+    wait_for_workers(client, SHARED, "cache-redis-renamed", 1, 300)
+    image = photo_bytes("chelsea.png")
+    try:
+        rounds = [{version: post(cached, f"{SHARED}/{version}", image)
+                   for version in (served["modelVersion"], "cache-redis-renamed")} for _ in range(2)]
+    finally:
+        client.unregister(SHARED, "cache-redis-renamed")
+    first, again = rounds
+    assert first[served["modelVersion"]].json()[0]["label"] != first["cache-redis-renamed"].json()[0]["label"]
+    for version, answer in again.items():
+        assert answer.headers["X-Cache"] == "hit" and answer.headers["X-Model-Version"] == version
+        assert answer.json() == first[version].json()

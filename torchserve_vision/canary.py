@@ -37,7 +37,7 @@ from torchserve_vision.front_proxy import (
     REQUEST_LOG_SOCKET,
 )
 from torchserve_vision.model_descriptions import ServingSettings
-from torchserve_vision.rollout import interrupts_ignored, server_identity
+from torchserve_vision.rollout import RolloutInterrupted, interrupts_ignored, server_identity
 from torchserve_vision.rollout_history import (
     CanarySplit,
     ChangeKind,
@@ -415,8 +415,8 @@ def walk_canary(client: TorchServeClient, model: str, version: str, traffic_dir:
             with interrupts_ignored():
                 apply_split(traffic_dir, model, before_walk)
                 end_walk(journal, walked, "undone", "interrupted")
-            raise CanaryAborted(f"the canary of {model} {version} was interrupted; "
-                                f"{split_text(before_walk)} again") from None
+            raise RolloutInterrupted(f"the canary of {model} {version} was interrupted; "
+                                     f"{split_text(before_walk)} again") from None
     return promote_canary(client, model, traffic_dir, journal, log)
 
 

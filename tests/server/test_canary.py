@@ -7,6 +7,9 @@ one at a time; `--promote` makes the candidate the default and keeps the old ver
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,7 @@ from torchserve_vision.rollout_history import CanarySplit, Journal, read_history
 from torchserve_vision.server_state import default_version
 from torchserve_vision.shadow import traffic_dir_of
 from torchserve_vision.torchserve_config import free_ports, server_config
+from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
@@ -186,3 +190,31 @@ def test_a_canary_step_a_dead_command_left_half_done_is_undone_by_abort(fronted,
     assert canary_of(traffic_dir, MODEL) is None and live_map(traffic_dir, CANARY_VERSION_MAP) == {}
     assert journal.pending(MODEL) is None and read_history(journal.history_file)[-1].state == "aborted"
     assert versions_answering(fronted, 3) == Counter({"1.0": 3})
+
+
+def test_ctrl_c_during_a_walk_restores_the_split_from_before_it(fronted, model_store):
+    """SIGINT while a step holds: exit 130, the split before the walk (10%) again, the walk's
+    step rewritten as undone, so a rollback then undoes the 10% step itself."""
+    history = fronted.run_dir / "history.json"
+    traffic_dir = traffic_dir_of(TorchServeClient(fronted.instance.management_url,
+                                                  fronted.instance.inference_url), MODEL, "1.0")
+    assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar", "--percent", "10") == 0
+    instance = fronted.instance
+    walk = subprocess.Popen([sys.executable, "-m", "torchserve_vision", "models", "canary", MODEL,
+                             "--steps", "50,100", "--auto", "--hold", "120", "--management-url",
+                             instance.management_url, "--inference-url", instance.inference_url,
+                             "--model-store", str(model_store), "--history", str(history)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: canary_of(traffic_dir, MODEL) == CanarySplit(CANDIDATE, 50), 60,
+                   "the walk's first step")
+        walk.send_signal(signal.SIGINT)
+        _, err = walk.communicate(timeout=60)
+    finally:
+        walk.kill()
+    assert walk.returncode == 130 and "interrupted" in err
+    assert canary_of(traffic_dir, MODEL) == CanarySplit(CANDIDATE, 10)
+    assert [(e.state, e.split) for e in read_history(history)[-2:]] == [
+        ("done", CanarySplit(CANDIDATE, 10)), ("undone", CanarySplit(CANDIDATE, 50))]
+    assert models(fronted, model_store, "rollback", MODEL) == 0
+    assert canary_of(traffic_dir, MODEL) is None

@@ -190,6 +190,10 @@ def test_a_canary_step_a_dead_command_left_half_done_is_undone_by_abort(fronted,
     assert canary_of(traffic_dir, MODEL) is None and live_map(traffic_dir, CANARY_VERSION_MAP) == {}
     assert journal.pending(MODEL) is None and read_history(journal.history_file)[-1].state == "aborted"
     assert versions_answering(fronted, 3) == Counter({"1.0": 3})
+    # a dry run says what it would do and changes nothing
+    assert models(fronted, model_store, "canary", MODEL, "--percent", "50", "--dry-run") == 0
+    assert "[dry-run] would answer 50% from the candidate" in capsys.readouterr().out
+    assert canary_of(traffic_dir, MODEL) is None and journal.pending(MODEL) is None
 
 
 def test_ctrl_c_during_a_walk_restores_the_split_from_before_it(fronted, model_store):

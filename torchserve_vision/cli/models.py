@@ -409,6 +409,12 @@ def canary_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     if stable is None:
         raise RolloutError(f"{args.model} is not registered")
     traffic_dir = traffic_dir_of(client, args.model, stable["modelVersion"])
+    if client.dry_run:   # the split is changed on the front's socket, not through the client
+        action = ("promote the canary" if args.promote else "remove the split" if args.off else
+                  f"walk {args.steps}" if args.steps else f"answer {args.percent}% from the candidate")
+        now = split_text(canary_of(traffic_dir, args.model))
+        print(f"[dry-run] would {action} of {args.model} (now {now})")
+        return
     journal = Journal(args.history)
     pending = journal.pending(args.model)
     if pending is not None:

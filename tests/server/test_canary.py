@@ -53,11 +53,16 @@ def fronted(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield pod
 
 
-def models(pod: Pod, store: Path, *args: str) -> int:
+def models_arguments(pod: Pod, store: Path, *args: str) -> list[str]:
+    """`models ARGS` against the pod's server, with its history file."""
     instance = pod.instance
-    return command(["models", *args, "--management-url", instance.management_url,
-                    "--inference-url", instance.inference_url, "--model-store", str(store),
-                    "--history", str(pod.run_dir / "history.json")])
+    return ["models", *args, "--management-url", instance.management_url,
+            "--inference-url", instance.inference_url, "--model-store", str(store),
+            "--history", str(pod.run_dir / "history.json")]
+
+
+def models(pod: Pod, store: Path, *args: str) -> int:
+    return command(models_arguments(pod, store, *args))
 
 
 def versions_answering(pod: Pod, count: int, headers: dict[str, str] | None = None,
@@ -203,11 +208,9 @@ def test_ctrl_c_during_a_walk_restores_the_split_from_before_it(fronted, model_s
     traffic_dir = traffic_dir_of(TorchServeClient(fronted.instance.management_url,
                                                   fronted.instance.inference_url), MODEL, "1.0")
     assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar", "--percent", "10") == 0
-    instance = fronted.instance
-    walk = subprocess.Popen([sys.executable, "-m", "torchserve_vision", "models", "canary", MODEL,
-                             "--steps", "50,100", "--auto", "--hold", "120", "--management-url",
-                             instance.management_url, "--inference-url", instance.inference_url,
-                             "--model-store", str(model_store), "--history", str(history)],
+    walk = subprocess.Popen([sys.executable, "-m", "torchserve_vision",
+                             *models_arguments(fronted, model_store, "canary", MODEL, "--steps",
+                                               "50,100", "--auto", "--hold", "120")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: canary_of(traffic_dir, MODEL) == CanarySplit(CANDIDATE, 50), 60,

@@ -532,6 +532,14 @@ def add_workers(parser: argparse.ArgumentParser, with_total: bool) -> None:
                              f"timeout + {WORKERS_DEADLINE_MARGIN_S:.0f} s)")
 
 
+def add_candidate(parser: argparse.ArgumentParser) -> None:
+    """How `shadow` and `canary` register a candidate archive (see `candidate_plan`)."""
+    parser.add_argument("--smoke-image", type=Path, default=photo_path(),
+                        help="the candidate's smoke test (default: scikit-image's chelsea.png)")
+    add_workers(parser, with_total=True)
+    parser.set_defaults(batching=None)
+
+
 def add_batching(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--max-batch-delay", type=int, help="milliseconds")
@@ -616,10 +624,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     shadow.add_argument("--off", action="store_true", help="stop mirroring")
     shadow.add_argument("--retire", action="store_true",
                         help="with --off: also unregister the candidate")
-    shadow.add_argument("--smoke-image", type=Path, default=photo_path(),
-                        help="the candidate's smoke test (default: scikit-image's chelsea.png)")
-    add_workers(shadow, with_total=True)
-    shadow.set_defaults(batching=None)
+    add_candidate(shadow)
     canary = actions.add_parser("canary", parents=[common],
                                 help="answer a share of requests from a candidate version (the "
                                      "front splits them)")
@@ -658,10 +663,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     kubernetes.add_argument("--mirror-percent", type=int, default=0,
                             help="also copy this share to the candidate (the Gateway's "
                                  "RequestMirror: answers not compared)")
-    canary.add_argument("--smoke-image", type=Path, default=photo_path(),
-                        help="the candidate's smoke test (default: scikit-image's chelsea.png)")
-    add_workers(canary, with_total=True)
-    canary.set_defaults(batching=None)
+    add_candidate(canary)
     history = actions.add_parser("history", parents=[common],
                                  help="the recorded changes: rollouts, scalings, canary steps, "
                                       "rollbacks, and how each ended")

@@ -147,7 +147,7 @@ def start_fronted(args: argparse.Namespace, instance: TorchServeInstance) -> int
     probe_port = os.environ.get("TSV_PROBE_PORT")
     run = Pod("server", args.config, args.run_dir,
               args.model_store or configured_model_store(args.config), drain_delay_s=0.0,
-              environment={}, probe_port=int(probe_port) if probe_port else free_ports(1)[0],
+              probe_port=int(probe_port) if probe_port else free_ports(1)[0],
               front_port=args.front_port, grpc_front_port=args.grpc_front_port)
     run.start()
     assert run.process is not None
@@ -164,12 +164,12 @@ def start_fronted(args: argparse.Namespace, instance: TorchServeInstance) -> int
     return 0
 
 
-def stop_background_run(run_dir: Path, timeout_s: float) -> bool:
-    """SIGTERM to the `server run` that `server start --front-port` left in the background, and
-    wait for it to drain and exit; False when there is none."""
+def stop_background_run(run_dir: Path, timeout_s: float) -> None:
+    """SIGTERM to the `server run` that `server start --front-port` left in the background (if
+    any), and wait for it to drain and exit."""
     pid_file = run_dir / BACKGROUND_RUN_PID
     if not pid_file.is_file():
-        return False
+        return
     try:
         process = psutil.Process(int(pid_file.read_text().strip()))
         if "torchserve_vision" in " ".join(process.cmdline()):
@@ -180,7 +180,6 @@ def stop_background_run(run_dir: Path, timeout_s: float) -> bool:
     except psutil.TimeoutExpired:
         process.kill()
     pid_file.unlink(missing_ok=True)
-    return True
 
 
 def run_stop(args: argparse.Namespace) -> int:

@@ -205,6 +205,26 @@ def test_the_default_classifier_archive_holds_compiled_packages_and_the_timeouts
         assert package["target"]["torch_version"] == str(torch.__version__)
 
 
+def test_an_archive_for_gpu_workers_holds_no_cpu_packages_and_still_answers(tmp_path):
+    """`build --target gpu` (the GPU image): the described Lite0 with its `compile:` section gets
+    no ahead-of-time CPU packages, and its handler serves the eager network."""
+    described = load_descriptions(paths.MODEL_DESCRIPTIONS)[0]
+    assert described.handler_options.get("compile")
+    assert command(["build", "--only", described.name, "--target", "gpu",
+                    "--model-store", str(tmp_path / "store")]) == 0
+    mar = tmp_path / "store" / described.archive_name
+    with zipfile.ZipFile(mar) as archive:
+        model_yaml = yaml.safe_load(archive.read("model-config.yaml"))
+        names = archive.namelist()
+    assert "compiled_packages" not in model_yaml["handler"]
+    assert not [name for name in names if name.startswith("compiled/")]
+    handler = load_classifier(mar, tmp_path / "work", batch_size=2)
+    assert handler.runner == "eager"
+    (answer,) = handler.handle([{"body": bytearray(photo_bytes("chelsea.png"))}],
+                               archive_context(handler.model_dir))
+    assert json.loads(answer)[0]["label"]
+
+
 def test_compile_is_refused_where_it_cannot_apply(tmp_path):
     detector = parse_description({"name": "d", "task": "detection", "labels": "coco",
                                   "model": {"source": "torchvision", "weights": "fixed-seed:0",

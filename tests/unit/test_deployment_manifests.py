@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from tests.deployment_files import (
 )
 from tests.kserve_merge import isvc_container, merged_container, resource_problems
 from torchserve_vision import paths
+from torchserve_vision.archives import BUILD_TARGETS
 from torchserve_vision.cli import command_parser
 from torchserve_vision.cli import main as command
 from torchserve_vision.deployment_settings import DeploymentSettings
@@ -185,14 +189,17 @@ def test_workers_times_threads_fit_the_cpu_request(overlay):
 
 
 def test_the_autoscaler_uses_the_metrics_the_adapter_rules_define(overlay):
-    _, resources = overlay
+    """CPU pods scale on the planned request rate and the queue; GPU pods on the queue alone
+    (the rate target was measured on CPU pods, a fraction of a GPU pod's capacity)."""
+    name, resources = overlay
     values = yaml.safe_load(ADAPTER_VALUES.read_text())
     assert values["rules"]["default"] is True       # the chart's rules (resource metrics) stay
     rules = values["rules"]["custom"]
     defined = {rule["name"]["as"] for rule in rules}
     used = {metric["pods"]["metric"]["name"]
             for metric in resource(resources, "HorizontalPodAutoscaler")["spec"]["metrics"]}
-    assert used == defined == {"ts_inference_requests_per_second", "ts_requests_waiting"}
+    assert defined == {"ts_inference_requests_per_second", "ts_requests_waiting"}
+    assert used == ({"ts_requests_waiting"} if name == "gpu" else defined)
 
 
 def test_the_dockerfile_copies_files_that_exist_and_runs_as_a_user():
@@ -366,6 +373,49 @@ def test_the_image_installs_its_dependencies_before_it_copies_the_sources():
                if name == "COPY" and arguments.split()[0] in ("handlers", "torchserve_vision")]
     assert dependencies < min(sources) and max(sources) < package
     assert "--no-deps" in instructions[package][1]
+
+
+def shell_expanded(words: str, variables: dict[str, str]) -> list[str]:
+    """`words` as /bin/sh expands them (variables, `$(...)`) with only `variables` set."""
+    result = subprocess.run(["sh", "-c", f"printf '%s\\n' {words}"], capture_output=True, text=True,
+                            check=True, env={"PATH": os.environ["PATH"], **variables})
+    return result.stdout.split()
+
+
+def test_the_image_builds_its_archives_for_the_target_named_at_build_time():
+    """ARCHIVE_TARGET (default cpu) becomes `build --target`, a value the command accepts, and
+    decides whether the build stage installs a C++ compiler: only the cpu target compiles."""
+    dockerfile = Dockerfile.read()
+    build_arguments = dict(argument.partition("=")[::2] for argument in dockerfile.all("ARG"))
+    assert build_arguments["ARCHIVE_TARGET"] == "cpu"
+    (build,) = [arguments for arguments in dockerfile.all("RUN") if "torchserve-vision build" in arguments]
+    (install,) = [arguments for arguments in dockerfile.all("RUN")
+                  if "openjdk-17-jdk-headless" in arguments]
+    packages = install.split("--no-install-recommends", 1)[1].split("&&", 1)[0]
+    for target in BUILD_TARGETS:
+        assert ("g++" in shell_expanded(packages, {"ARCHIVE_TARGET": target})) == (target == "cpu")
+        program, *argv = shell_expanded(build, {"ARCHIVE_TARGET": target})
+        assert program.endswith("/torchserve-vision")
+        assert command_parser().parse_args(argv).target == target
+
+
+def documented_docker_builds() -> list[list[str]]:
+    """Every `docker build` command written in the Dockerfile's header and docs/kubernetes.md."""
+    text = "\n".join([(DEPLOY / "Dockerfile").read_text().replace("\n#", "\n"),
+                      (REPO / "docs" / "kubernetes.md").read_text()])
+    commands = re.findall(r"docker build(?:[^\n]*\\\n)*[^\n]*", text)
+    return [shlex.split(command.replace("\\\n", " ")) for command in commands]
+
+
+def test_documented_image_builds_set_only_the_dockerfiles_build_arguments():
+    declared = {argument.partition("=")[0] for argument in Dockerfile.read().all("ARG")}
+    builds = documented_docker_builds()
+    assert len(builds) >= 3
+    for words in builds:
+        named = {words[i + 1].partition("=")[0] for i, word in enumerate(words) if word == "--build-arg"}
+        assert named <= declared, words
+    gpu_builds = [words for words in builds if any(word.endswith("-gpu") for word in words)]
+    assert gpu_builds and all("ARCHIVE_TARGET=gpu" in words for words in gpu_builds)
 
 
 HTTPROUTE_SCHEMA = REPO / "tests" / "schemas" / "gateway-api-v1.6.1-httproute-v1.schema.json"

@@ -29,7 +29,7 @@ from handlers.model.settings import (
     parse_compile,
     parse_model_source,
 )
-from torchserve_vision.archives import ARCHIVER
+from torchserve_vision.archives import ARCHIVER, BuildTarget
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
@@ -200,9 +200,12 @@ def handler_section(description: ModelDescription, num_classes: int | None,
     return section
 
 
-def stage_files(description: ModelDescription, staging: Path) -> Path:
-    """Write weights, labels, YAML and the handlers package into `staging`; return the weights."""
+def stage_files(description: ModelDescription, staging: Path, target: BuildTarget = "cpu") -> Path:
+    """Write weights, labels, YAML and the handlers package into `staging`; return the weights.
+    For the `gpu` target no CPU package is compiled (GPU workers refuse them all)."""
     request = compile_request(description)  # checked before any weights are made
+    if target == "gpu":
+        request = None
     try:
         labels = resolve_labels(description.labels)
     except DescriptionError as error:
@@ -289,13 +292,14 @@ def stage_pipeline_files(description: ModelDescription, store: Path, staging: Pa
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
 
 
-def build_archive(description: ModelDescription, store: Path) -> Path:
+def build_archive(description: ModelDescription, store: Path, target: BuildTarget = "cpu") -> Path:
     """Build one archive into `store` (replacing an older build of the same name and version).
-    A pipeline's stage archives must be in `store` already."""
+    A pipeline's stage archives must be in `store` already. `target`: the workers that will
+    serve it; `gpu` leaves out the ahead-of-time CPU packages (see BUILD_TARGETS)."""
     with tempfile.TemporaryDirectory(prefix=f"build-{description.name}-") as tmp:
         staging = Path(tmp)
         if description.is_pipeline:
             stage_pipeline_files(description, store, staging)
             return run_archiver(description, staging, None, store)
-        weights = stage_files(description, staging)
+        weights = stage_files(description, staging, target)
         return run_archiver(description, staging, weights, store)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from torchserve_vision import paths
+from torchserve_vision.archives import BUILD_TARGETS
 from torchserve_vision.cli.common import model_store_flag, subcommand
 from torchserve_vision.model_descriptions import (
     SERIALIZED_NAMES,
@@ -32,6 +33,7 @@ Build TorchServe model archives (.mar) into the model store.
   torchserve-vision build --name efficientnet_lite0 --version 3.0 --task cascade \
       --stages first=efficientnet_lite0-1.0 second=efficientnet_lite0-2.0  # a pipeline version
   torchserve-vision build --check-config         # config.properties' models= matches models.yaml?
+  torchserve-vision build --target gpu           # for GPU workers: no CPU packages compiled
 
 Each archive `<name>-<version>.mar` holds the `handlers/` package, the class names and the
 handler's settings, so it is self-contained. Weights are checked against the architecture before
@@ -49,6 +51,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--version", help="the version to build: with --only, instead of the "
                                           "description's (a new version to roll out); default 1.0 "
                                           "with --name")
+    parser.add_argument("--target", choices=BUILD_TARGETS, default="cpu",
+                        help="the workers that will serve the archives: gpu leaves out the "
+                             "ahead-of-time compiled CPU packages, which GPU workers refuse "
+                             "(the GPU image; default: cpu, servable by any worker)")
     parser.add_argument("--write-config", type=Path, nargs="*",
                         help="rewrite load_models=/models= of these configs (default: "
                              f"{' and '.join(map(str, paths.SERVER_CONFIGS))})")
@@ -163,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     from torchserve_vision.archives.build import build_archive  # torch: only to build
 
     for description in chosen_descriptions(args):
-        print(f"built {build_archive(description, args.model_store)}", flush=True)
+        print(f"built {build_archive(description, args.model_store, args.target)}", flush=True)
     if args.write_config is not None:
         descriptions = load_descriptions(args.models)
         for path in args.write_config or paths.SERVER_CONFIGS:

@@ -14,5 +14,7 @@ SERVER_CONFIGS = (DEVELOPMENT_CONFIG, PRODUCTION_CONFIG)
 LOG_CONFIG = Path("config/log4j2.xml")
 # The same logs on standard output, for a container (`server run --log-to stdout`).
 STDOUT_LOG_CONFIG = Path("config/log4j2-stdout.xml")
+# The same as JSON lines (`server run --log-to json`).
+JSON_LOG_CONFIG = Path("config/log4j2-json.xml")
 RUN_DIR = Path(".run")
 ROLLOUT_HISTORY = RUN_DIR / "rollout_history.json"

@@ -30,6 +30,7 @@ from torchserve_vision.deployment_settings import AS_WRITTEN, DeploymentSettings
 from torchserve_vision.errors import CommandError
 from torchserve_vision.front_proxy import FrontProxy, front_config, prepare_traffic_dir
 from torchserve_vision.frontend.agent import java_agent_option
+from torchserve_vision.json_log_lines import json_line_relay
 from torchserve_vision.pod_health import PodHealth, ProbeEndpoint
 from torchserve_vision.server_state import (
     models_ready,
@@ -58,6 +59,8 @@ class TorchServeInstance:
     # TorchServe's output (and, with paths.STDOUT_LOG_CONFIG, every log) on this process's
     # standard output instead of run_dir/torchserve.out
     log_to_stdout: bool = False
+    # With log_to_stdout: every line of it a JSON object (json_log_lines; paths.JSON_LOG_CONFIG)
+    log_json: bool = False
 
     @property
     def tmp_dir(self) -> Path:
@@ -121,7 +124,7 @@ class TorchServeInstance:
 
 def instance_for(config_path: Path, run_dir: Path, log_config: Path | None = paths.LOG_CONFIG,
                  settings: DeploymentSettings = AS_WRITTEN,
-                 log_to_stdout: bool = False) -> TorchServeInstance:
+                 log_to_stdout: bool = False, log_json: bool = False) -> TorchServeInstance:
     properties = settings.apply(read_properties(config_path))
     return TorchServeInstance(
         run_dir=run_dir.resolve(),
@@ -132,6 +135,7 @@ def instance_for(config_path: Path, run_dir: Path, log_config: Path | None = pat
         log_config=log_config.resolve() if log_config else None,
         settings=settings,
         log_to_stdout=log_to_stdout,
+        log_json=log_to_stdout and log_json,
     )
 
 
@@ -222,12 +226,19 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
         extra += ["--log-config", str(instance.log_config)]
     # With log_to_stdout the frontend inherits this process's standard output and keeps it after
     # the command returns: its console logs go where a container's logs are read.
+    # As JSON lines, its output goes through a pipe that a thread here copies, wrapping the lines
+    # that log4j2 does not write (the launcher's, the JVM's).
     output_path = instance.run_dir / "torchserve.out"
     sys.stdout.flush()
-    with nullcontext(None) if instance.log_to_stdout else open(output_path, "ab") as output:
-        result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
-                                env=instance.environment(), stdout=output,
-                                stderr=None if output is None else subprocess.STDOUT, check=False)
+    relay = json_line_relay() if instance.log_json else None
+    with nullcontext(relay) if instance.log_to_stdout else open(output_path, "ab") as output:
+        try:
+            result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
+                                    env=instance.environment(), stdout=output,
+                                    stderr=None if output is None else subprocess.STDOUT, check=False)
+        finally:
+            if relay is not None:
+                os.close(relay)      # the frontend keeps its own copy of the pipe
     if result.returncode != 0:
         where = ("see its output above" if instance.log_to_stdout
                  else "\n" + output_path.read_text(errors="replace")[-2000:])

@@ -27,4 +27,4 @@ def wait_for_log(path: Path, ready: Callable[[list[str]], bool], timeout_s: floa
 def rejected_requests(model_log_lines: list[str]) -> int:
     """Requests the handlers' `batch {json}` lines report as rejected (4xx), all models."""
     return sum(sum(json.loads(line.split("batch ", 1)[1])["rejected"].values())
-               for line in model_log_lines if " batch {" in line)
+               for line in model_log_lines if " batch {" in line or line.startswith("batch {"))

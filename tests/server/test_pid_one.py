@@ -1,5 +1,6 @@
 """`server run` as a container runs it: PID 1 (`unshare --pid --mount-proc`: a PID namespace of
-its own) with its logs on standard output (`--log-to stdout`, the image's command).
+its own) with its logs on standard output, as JSON lines (`--log-to json`; the image's command
+writes the same logs as text, `--log-to stdout`, from the same loggers).
 TorchServe's `torchserve --start` exits and leaves the Java frontend to PID 1, so what dies in
 there is PID 1's to reap, and a dead frontend must end the pod (the kubelet then restarts the
 container) instead of leaving `/live` answering 200 beside a zombie. A killed worker is
@@ -8,10 +9,12 @@ TorchServe's to replace: the pod stays live and becomes ready again. The logs ar
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -37,7 +40,7 @@ def pid_one_pod(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     config = server_config(tmp_path, model_store, paths.DEVELOPMENT_CONFIG,
                            load_models="efficientnet_lite0-1.0.mar")
     pod = Pod("pid1", config, tmp_path / "run", model_store, drain_delay_s=0.0,
-              environment={"TSV_WORKERS": "1"}, pid_namespace=True, log_to="stdout")
+              environment={"TSV_WORKERS": "1"}, pid_namespace=True, log_to="json")
     with pod.running():
         yield pod
 
@@ -72,25 +75,35 @@ def zombies(pod: Pod) -> list[int]:
     return found
 
 
-def test_the_logs_are_on_standard_output_and_not_in_files(pid_one_pod: Pod):
+def logged_objects(pod: Pod) -> list[dict[str, Any]]:
+    """The pod's standard output, one JSON object per line (a line that is not one fails)."""
+    objects = [json.loads(line) for line in pod.output().splitlines() if line.strip()]
+    assert all(isinstance(item, dict) and {"time", "log", "message"} <= item.keys() for item in objects)
+    return objects
+
+
+def test_the_logs_are_json_lines_on_standard_output_and_not_in_files(pid_one_pod: Pod):
     url = f"{pid_one_pod.instance.inference_url}/predictions/efficientnet_lite0"
     assert requests.post(url, data=photo_bytes("chelsea.png"), timeout=30).status_code == 200
     assert requests.post(url, data=b"not an image", timeout=30).status_code == 400
 
-    def logged(*texts: str) -> bool:
-        return any(all(text in line for text in texts) for line in pid_one_pod.output().splitlines())
+    def logged(log: str, *texts: str) -> bool:
+        return any(item["log"] == log and all(text in item["message"] for text in texts)
+                   for item in logged_objects(pid_one_pod))
 
     wait_until(lambda: logged("access", '"POST /predictions/efficientnet_lite0 HTTP/1.1" 400'), 30,
                "the refused request's access line")
     assert logged("access", '"POST /predictions/efficientnet_lite0 HTTP/1.1" 200')
-    assert logged("model [INFO ]", "worker ready model=efficientnet_lite0")   # the worker's line
-    assert logged("ts [INFO ]", "Management API bind to")                     # the frontend's
+    assert logged("model", "worker ready model=efficientnet_lite0")   # the worker's line
+    assert logged("ts", "Management API bind to")                     # the frontend's
+    assert logged("server", "TorchServe is ready")                    # server run's own
+    assert logged("console", "Model server started")                  # TorchServe's launcher's
     assert not logged("access", '"GET /ping HTTP/1.1"')     # the readiness poller's reads: left out
-    model_lines = [line for line in pid_one_pod.output().splitlines() if " model [" in line]
-    wait_until(lambda: rejected_requests([line for line in pid_one_pod.output().splitlines()
-                                          if " model [" in line]) >= 1, 30,
+    wait_until(lambda: rejected_requests([item["message"] for item in logged_objects(pid_one_pod)
+                                          if item["log"] == "model"]) >= 1, 30,
                "the worker's batch line with the refused request")
-    assert model_lines                                              # the workers' own log lines
+    levels = {item.get("level") for item in logged_objects(pid_one_pod) if item["log"] in ("ts", "model")}
+    assert "INFO" in levels
     assert not list((pid_one_pod.run_dir / "logs").glob("*.log"))
 
 

@@ -12,6 +12,7 @@ import psutil
 from torchserve_vision import paths
 from torchserve_vision.cli.common import subcommand
 from torchserve_vision.deployment_settings import DeploymentSettings
+from torchserve_vision.json_log_lines import json_log_line
 from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.server_process import (
     ForegroundOptions,
@@ -28,6 +29,10 @@ from torchserve_vision.torchserve_config import free_ports
 
 # The pid of `server run` when `server start --front-port` started it, in the run directory.
 BACKGROUND_RUN_PID = "server-run.pid"
+# `--log-to`: None keeps TorchServe's logs in files; otherwise the log4j2 config that puts every
+# log on standard output (as text, or as JSON lines).
+LOG_DESTINATIONS: dict[str, Path | None] = {"files": None, "stdout": paths.STDOUT_LOG_CONFIG,
+                                            "json": paths.JSON_LOG_CONFIG}
 
 DESCRIPTION = """\
 Start, stop, check or run TorchServe from a config file, in its own run directory (logs, keys,
@@ -102,10 +107,12 @@ def register(commands: argparse._SubParsersAction) -> None:
                               "this port, forwarded to the front; needs --front-port (default: "
                               "$TSV_GRPC_FRONT_PORT; none when unset)")
     log_to = os.environ.get("TSV_LOG_TO", "files")
-    probing.add_argument("--log-to", choices=["files", "stdout"], default=log_to,
+    probing.add_argument("--log-to", choices=sorted(LOG_DESTINATIONS), default=log_to,
                          help="files: TorchServe's logs in the run directory's logs/ (default, or "
                               "$TSV_LOG_TO); stdout: every log on standard output, for a container "
-                              f"({paths.STDOUT_LOG_CONFIG} unless --log-config says otherwise)")
+                              f"({paths.STDOUT_LOG_CONFIG} unless --log-config says otherwise); "
+                              "json: the same as one JSON object per line, this command's own "
+                              f"lines too ({paths.JSON_LOG_CONFIG})")
     probing.add_argument("--drain-delay", type=float, default=0.0,
                          help="seconds to keep serving after SIGTERM with readiness false, before "
                               "draining (time for load balancers to stop sending)")
@@ -122,11 +129,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 def instance_from(args: argparse.Namespace) -> TorchServeInstance:
     log_config = None if getattr(args, "builtin_log_config", False) else getattr(args, "log_config",
                                                                                 paths.LOG_CONFIG)
-    to_stdout = getattr(args, "log_to", "files") == "stdout"
+    destination_config = LOG_DESTINATIONS[getattr(args, "log_to", "files")]
+    to_stdout = destination_config is not None
     if to_stdout and log_config == paths.LOG_CONFIG:
-        log_config = paths.STDOUT_LOG_CONFIG
+        log_config = destination_config
     return instance_for(args.config, args.run_dir, log_config, DeploymentSettings.from_environment(),
-                        log_to_stdout=to_stdout)
+                        log_to_stdout=to_stdout, log_json=getattr(args, "log_to", "files") == "json")
 
 
 def run_start(args: argparse.Namespace) -> int:
@@ -208,8 +216,12 @@ def run_foreground(args: argparse.Namespace) -> int:
                                 probe_host=instance.settings.bind_address or "127.0.0.1",
                                 probe_port=args.probe_port, front_port=args.front_port,
                                 grpc_front_port=args.grpc_front_port)
+    def say(message: str, level: str = "INFO") -> None:
+        line = json_log_line(message, "server", level) if instance.log_json else message
+        print(line, file=sys.stdout if level == "INFO" else sys.stderr, flush=True)
+
     if instance.settings.describe():
-        print(f"from the environment: {instance.settings.describe()}", flush=True)
+        say(f"from the environment: {instance.settings.describe()}")
 
     def ready() -> None:
         probes = f"; probes on port {args.probe_port}" if args.probe_port is not None else ""
@@ -217,10 +229,11 @@ def run_foreground(args: argparse.Namespace) -> int:
             probes += f"; the front (Open Inference Protocol, model endpoints) on port {args.front_port}"
         if args.grpc_front_port is not None:
             probes += f"; its gRPC front (inference.GRPCInferenceService) on port {args.grpc_front_port}"
-        print(f"TorchServe is ready at {instance.inference_url}{probes}; stop with SIGTERM or "
-              "Ctrl-C", flush=True)
+        say(f"TorchServe is ready at {instance.inference_url}{probes}; stop with SIGTERM or Ctrl-C")
 
     run_in_foreground(instance, args.model_store, options, on_ready=ready,
-                      on_event=lambda line: print(line, file=sys.stderr, flush=True))
-    print("TorchServe has stopped", flush=True)
+                      on_event=lambda line: say(line, "WARN"))
+    say("TorchServe has stopped")
     return 0
+
+

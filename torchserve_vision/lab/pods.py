@@ -43,7 +43,7 @@ class Pod:
     # As a container runs it: PID 1 of a PID namespace of its own (unshare; root only), which
     # adopts what TorchServe leaves behind and dies with its namespace.
     pid_namespace: bool = False
-    log_to: str = "files"              # `--log-to`: files (run_dir/logs) or stdout (output_path)
+    log_to: str = "files"              # `--log-to`: files (run_dir/logs), stdout or json (output_path)
     process: subprocess.Popen[bytes] | None = None
     signalled_at: float | None = None
 

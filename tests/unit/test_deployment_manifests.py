@@ -12,12 +12,14 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
+import tomllib
 import yaml
 
 from tests.deployment_files import (
@@ -359,42 +361,56 @@ def test_the_network_policy_lets_in_a_labelled_prometheus_namespace_not_a_named_
 
 def test_the_image_installs_its_dependencies_before_it_copies_the_sources():
     """A change to the sources or the docs must not reinstall torch: the dependencies' layer comes
-    from pyproject.toml and constraints.txt alone, and the package is installed without them."""
+    from the locks (hashes checked, nothing resolved) and pyproject.toml alone, and the package is
+    installed after the sources, without dependencies."""
     instructions = Dockerfile.read().instructions
     installs = [i for i, (name, arguments) in enumerate(instructions)
                 if name == "RUN" and "pip install" in arguments]
     dependencies, package = installs[0], installs[1]
     copied_before = {source for name, arguments in instructions[:dependencies] if name == "COPY"
                      for source in arguments.split()[:-1]}
-    assert copied_before == {"constraints.txt", "pyproject.toml"}
-    assert "-c constraints.txt" in instructions[dependencies][1]
-    assert "['project']['dependencies']" in instructions[dependencies][1]
+    assert copied_before == {"pyproject.toml", "deploy/requirements-cpu.lock", "deploy/requirements-gpu.lock"}
+    assert '--require-hashes --no-deps -r "requirements-${TARGET}.lock"' in instructions[dependencies][1]
     sources = [i for i, (name, arguments) in enumerate(instructions)
                if name == "COPY" and arguments.split()[0] in ("handlers", "torchserve_vision")]
     assert dependencies < min(sources) and max(sources) < package
     assert "--no-deps" in instructions[package][1]
 
 
+def test_the_cpu_image_takes_torch_and_torchvision_at_pyprojects_versions_from_the_cpu_index():
+    (install,) = [arguments for arguments in Dockerfile.read().all("RUN") if "--require-hashes" in arguments]
+    cpu_step = install.split("then", 1)[1].split("fi", 1)[0]
+    here = cpu_step.replace("/opt/venv/bin/pip", "pip").replace("python -c", f"{sys.executable} -c")
+    words = shell_expanded(here.strip().rstrip(";"),
+                           {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
+    pins = [word for word in words if "==" in word]
+    with open(REPO / "pyproject.toml", "rb") as project:
+        dependencies = tomllib.load(project)["project"]["dependencies"]
+    assert pins == [pin for pin in dependencies if pin.split("==")[0] in ("torch", "torchvision")]
+    assert words[words.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+
+
 def shell_expanded(words: str, variables: dict[str, str]) -> list[str]:
-    """`words` as /bin/sh expands them (variables, `$(...)`) with only `variables` set."""
+    """`words` as /bin/sh expands them (variables, `$(...)`) with only `variables` set, in the
+    repository (the build context's files)."""
     result = subprocess.run(["sh", "-c", f"printf '%s\\n' {words}"], capture_output=True, text=True,
-                            check=True, env={"PATH": os.environ["PATH"], **variables})
+                            check=True, cwd=REPO, env={"PATH": os.environ["PATH"], **variables})
     return result.stdout.split()
 
 
 def test_the_image_builds_its_archives_for_the_target_named_at_build_time():
-    """ARCHIVE_TARGET (default cpu) becomes `build --target`, a value the command accepts, and
+    """TARGET (default cpu) becomes `build --target`, a value the command accepts, and
     decides whether the build stage installs a C++ compiler: only the cpu target compiles."""
     dockerfile = Dockerfile.read()
     build_arguments = dict(argument.partition("=")[::2] for argument in dockerfile.all("ARG"))
-    assert build_arguments["ARCHIVE_TARGET"] == "cpu"
+    assert build_arguments["TARGET"] == "cpu"
     (build,) = [arguments for arguments in dockerfile.all("RUN") if "torchserve-vision build" in arguments]
     (install,) = [arguments for arguments in dockerfile.all("RUN")
                   if "openjdk-17-jdk-headless" in arguments]
     packages = install.split("--no-install-recommends", 1)[1].split("&&", 1)[0]
     for target in BUILD_TARGETS:
-        assert ("g++" in shell_expanded(packages, {"ARCHIVE_TARGET": target})) == (target == "cpu")
-        program, *argv = shell_expanded(build, {"ARCHIVE_TARGET": target})
+        assert ("g++" in shell_expanded(packages, {"TARGET": target})) == (target == "cpu")
+        program, *argv = shell_expanded(build, {"TARGET": target})
         assert program.endswith("/torchserve-vision")
         assert command_parser().parse_args(argv).target == target
 
@@ -415,7 +431,7 @@ def test_documented_image_builds_set_only_the_dockerfiles_build_arguments():
         named = {words[i + 1].partition("=")[0] for i, word in enumerate(words) if word == "--build-arg"}
         assert named <= declared, words
     gpu_builds = [words for words in builds if any(word.endswith("-gpu") for word in words)]
-    assert gpu_builds and all("ARCHIVE_TARGET=gpu" in words for words in gpu_builds)
+    assert gpu_builds and all("TARGET=gpu" in words for words in gpu_builds)
 
 
 HTTPROUTE_SCHEMA = REPO / "tests" / "schemas" / "gateway-api-v1.6.1-httproute-v1.schema.json"

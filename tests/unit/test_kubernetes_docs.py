@@ -91,7 +91,9 @@ class DocChecker:
         self.rendered = manifests()
         self.cpu = self.rendered["cpu"]
         self.adapter = yaml.safe_load(ADAPTER_VALUES.read_text())
-        self.build_arguments = {argument.partition("=")[0] for argument in Dockerfile.read().all("ARG")}
+        self.build_argument_defaults = dict(argument.partition("=")[::2]
+                                            for argument in Dockerfile.read().all("ARG"))
+        self.build_arguments = set(self.build_argument_defaults)
         self.checks: dict[str, Callable[[list[str]], list[str]]] = {
             "cd": self.cd, "docker": self.docker, "kustomize": self.kustomize, "helm": self.helm,
             "kubectl": self.kubectl, "curl": self.curl, "torchserve-vision": self.torchserve_vision,
@@ -127,6 +129,9 @@ class DocChecker:
     def docker(self, words: list[str]) -> list[str]:
         if words[1] == "push":
             return [] if words[2] in self.cluster.built_images else ["pushes an image not built above"]
+        if words[1:4] == ["buildx", "imagetools", "inspect"]:
+            base = self.build_argument_defaults["PYTHON_IMAGE"]
+            return [] if words[4] == base else [f"{words[4]} is not the base image, {base}"]
         if words[1] != "build":
             return [f"docker {words[1]} is not checked"]
         problems = []
@@ -137,8 +142,8 @@ class DocChecker:
         if not named <= self.build_arguments:
             problems.append(f"build arguments not in the Dockerfile: {named - self.build_arguments}")
         tag = words[words.index("-t") + 1]
-        if tag.endswith("-gpu") and "ARCHIVE_TARGET=gpu" not in words:
-            problems.append("a GPU image must be built with ARCHIVE_TARGET=gpu")
+        if tag.endswith("-gpu") and "TARGET=gpu" not in words:
+            problems.append("a GPU image must be built with TARGET=gpu")
         self.cluster.built_images.add(tag)
         return problems
 
@@ -294,7 +299,7 @@ def test_every_command_on_the_page_names_what_the_repository_has():
     ("kubectl label namespace monitoring torchserve-vision/metrics-scraper=true",
      "kubectl label namespace monitoring prometheus=true"),
     ("  --set prometheus.prometheusSpec.podMonitorSelectorNilUsesHelmValues=false\n", "\n"),
-    ("--build-arg ARCHIVE_TARGET=gpu", "--build-arg TARGET=gpu"),
+    ("--build-arg TARGET=gpu", "--build-arg TARGETS=gpu"),
     ("/predictions/efficientnet_lite0", "/predictions/resnet50"),
     ("service/torchserve-vision 8080:8080", "service/torchserve-vision 8080:80"),
     ("kubectl apply -k deploy/kubernetes\n", "kubectl apply -k deploy/k8s\n"),

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -364,6 +365,21 @@ def grpc_front_for(instance: TorchServeInstance,
                      f"http://{connect_host}:{options.front_port}", FRONT_TIMEOUT_S, largest)
 
 
+def stop_handler(stop_requested: threading.Event) -> Callable[[int, Any], None]:
+    """A signal handler that sets `stop_requested` once. Python runs a handler in the main thread
+    between two bytecodes, also inside another handler: a second signal arriving while the
+    first one's `set()` holds the event's lock in that same thread would wait for the lock
+    forever (seen: `timeout` and `pkill` each sending SIGTERM hung `server run`). So only the
+    first signal sets it; the flag is taken before `set()` is called."""
+    taken: list[bool] = []
+
+    def handle(number: int, frame: Any) -> None:
+        if not taken:
+            taken.append(True)
+            stop_requested.set()
+    return handle
+
+
 def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = None,
                       options: ForegroundOptions = DEFAULT_FOREGROUND,
                       on_ready: Callable[[], None] = lambda: None,
@@ -376,7 +392,7 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     its own."""
     stop_requested = threading.Event()
     handled = (signal.SIGTERM, signal.SIGINT)
-    previous = {number: signal.signal(number, lambda *_: stop_requested.set()) for number in handled}
+    previous = {number: signal.signal(number, stop_handler(stop_requested)) for number in handled}
     store = model_store or configured_model_store(instance.config_path)
     expected_models = expected_model_count(instance, store)
     health = PodHealth(check=lambda: not_ready_reason(instance.client(timeout_s=2.0), expected_models),

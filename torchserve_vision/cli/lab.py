@@ -12,6 +12,7 @@ from pathlib import Path
 
 from handlers.model.compiled_model import CPU_TARGETS
 from torchserve_vision import paths
+from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.cli.common import (
     DEFAULT_MODEL,
     client_from,
@@ -479,13 +480,20 @@ def add_rolling_update(actions: argparse._SubParsersAction) -> None:
                         help="the archives each pod loads (default: the classifier)")
     parser.add_argument("--stock-stop", action="store_true",
                         help="stop pods with `torchserve --stop` (no drain), for comparison")
+    parser.add_argument("--new-version", help="roll out this version: each pod comes back serving "
+                        "a copy of its archives as this version (as a new image would carry it)")
     parser.set_defaults(run=run_rolling_update)
 
 
 def run_rolling_update(args: argparse.Namespace) -> int:
     store = own_server_store(args)
+    rolled = None
+    if args.new_version:
+        rolled = ",".join(archive_with_version(store, archive, args.new_version)
+                          for archive in args.load_models.split(","))
     report = rolling_update.rehearse(args.config, store, args.pods, args.rate, args.drain_delay,
                                      load_models=args.load_models, graceful=not args.stock_stop,
+                                     rolled_load_models=rolled,
                                      on_step=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(rolling_update.report_document(report), indent=2) if args.json else report.table())
     return 0 if report.failed == 0 and all(step.exit_code == 0 for step in report.steps) else 1

@@ -32,6 +32,9 @@ from urllib.parse import urlparse
 import numpy as np
 
 PERCENTILES = (50, 90, 95, 99)
+# The header naming the version that answered (handlers.torchserve_context.MODEL_VERSION_HEADER,
+# not imported from there: the load generator runs without torch).
+MODEL_VERSION_HEADER = "X-Model-Version"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Result:
     latency_ms: float    # from scheduled_s to the end of the answer
     status: int          # HTTP status; 0 = connection error or timeout
     wait_ms: float = 0.0  # open loop: from the scheduled time until a client was free to send
+    version: str = ""     # the answer's X-Model-Version ("" when it had none)
 
 
 @dataclass
@@ -105,6 +109,7 @@ class Connection:
         self.headers = headers
         self.connection: http.client.HTTPConnection | None = None
         self.last_body = b""   # the body of the last answer (b"" after a connection error)
+        self.last_version = ""  # the last answer's X-Model-Version ("" without one)
 
     def post(self, body: bytes) -> int:
         try:
@@ -116,12 +121,13 @@ class Connection:
             self.connection.request("POST", self.path, body=body, headers=self.headers)
             answer = self.connection.getresponse()
             self.last_body = answer.read()
+            self.last_version = answer.getheader(MODEL_VERSION_HEADER, "")
             if answer.getheader("connection", "").lower() == "close":
                 self.close()
             return answer.status
         except (OSError, http.client.HTTPException):
             self.close()
-            self.last_body = b""
+            self.last_body, self.last_version = b"", ""
             return 0
 
     def close(self) -> None:
@@ -175,7 +181,8 @@ def run_closed_loop(target: LoadTarget, clients: int, duration_s: float, max_req
             status = connection.post(target.bodies[body_index])
             count += 1
             with lock:
-                results.append(Result(sent - started, (time.perf_counter() - sent) * 1000, status))
+                results.append(Result(sent - started, (time.perf_counter() - sent) * 1000, status,
+                                      version=connection.last_version))
                 if target.answers is not None and status == 200:
                     target.answers[body_index] = connection.last_body
                 if progress:
@@ -213,7 +220,7 @@ def run_open_loop(target: LoadTarget, rate_rps: float, duration_s: float, max_re
             status = connection.post(target.bodies[index % len(target.bodies)])
             with lock:
                 results.append(Result(due, (time.perf_counter() - started - due) * 1000, status,
-                                      wait_ms))
+                                      wait_ms, connection.last_version))
                 if progress:
                     progress(len(results))
         connection.close()

@@ -13,26 +13,36 @@ false, `--drain-delay` of serving while HAProxy takes it out, drain, stop, exit 
 process on the same ports, until ready and back in HAProxy's rotation. Reported: every step's
 time and exit status, requests sent and failed over the whole run. `--stock-stop` stops each
 pod with `torchserve --stop` instead (no readiness change, no drain), for comparison.
+
+A new model version, rolled out as on Kubernetes (a new image per version): with `--new-version
+V`, each pod comes back serving a copy of its archive as version V (what the new image would
+carry), and the report counts the answers per version (`X-Model-Version`) before the first pod
+is stopped, during the roll, and after the last pod is back.
+
+    torchserve-vision lab rolling-update --new-version 2.0
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import requests
 
+from torchserve_vision.archives.versions import archive_manifest
 from torchserve_vision.front_proxy import haproxy_binary
 from torchserve_vision.lab.loadgen import LoadTarget, Result, run_open_loop, summarize
 from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.photos import photo_path
 from torchserve_vision.server_process import stop as stop_torchserve
-from torchserve_vision.torchserve_config import free_ports, server_config
+from torchserve_vision.torchserve_config import free_ports, read_properties, render_properties, server_config
 from torchserve_vision.waiting import wait_until
 
 CHECK_INTERVAL_MS = 250
@@ -45,6 +55,8 @@ class PodStep:
     exit_code: int
     stop_s: float        # SIGTERM (or the stock stop) to exit
     restart_s: float     # start to ready, then back in the load balancer's rotation
+    stopped_at_s: float = 0.0   # when the stop was sent, from the start of the load
+    back_at_s: float = 0.0      # when it was back in the rotation, from the start of the load
     failed: int = 0      # failed requests scheduled from the previous step's end to this one's
 
 
@@ -58,6 +70,11 @@ class RehearsalReport:
     errors: dict[str, int]
     latency_ms: dict[str, float]
     steps: list[PodStep]
+    # Answers (200) per X-Model-Version: before the first stop, between it and the last pod's
+    # return, and after that.
+    versions_before: dict[str, int]
+    versions_during: dict[str, int]
+    versions_after: dict[str, int]
 
     def table(self) -> str:
         lines = [f"{step.pod}: {'SIGTERM' if step.graceful else 'stock stop'}, exit "
@@ -67,6 +84,8 @@ class RehearsalReport:
         lines.append(f"{self.sent} requests at {self.rate_rps:g}/s over {self.duration_s:.0f} s: "
                      f"{self.failed} failed {self.errors or ''}".rstrip())
         lines.append(f"latency ms: {latency}")
+        lines.append(f"answers per version: before the first stop {self.versions_before}, during "
+                     f"the roll {self.versions_during}, after {self.versions_after}")
         return "\n".join(lines)
 
 
@@ -107,9 +126,11 @@ def servers_up(stats_port: int) -> int:
 def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: float = 20.0,
              drain_delay_s: float = 2.0, settle_s: float = 3.0, load_models: str | None = None,
              graceful: bool = True, roll_count: int | None = None, stock_stop_after: bool = False,
+             rolled_load_models: str | None = None,
              on_step: Callable[[str], None] = lambda line: None) -> RehearsalReport:
     """Start `pod_count` pods and HAProxy, offer `rate_rps` through it, roll every pod once
-    (the first `roll_count` pods, when given).
+    (the first `roll_count` pods, when given). With `rolled_load_models` (archives in
+    `model_store`), a rolled pod comes back loading those instead: a new version's image.
     `graceful=False` stops each pod the way TorchServe's stock image ends up doing it
     (`torchserve --stop` at once: in-flight requests are dropped), for comparison;
     `stock_stop_after` adds that comparison as a last step (the first pod, stopped the stock way,
@@ -135,7 +156,10 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
             on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
             plan = [(pod, graceful) for pod in pods[:roll_count]]
             plan += [(pods[0], False)] if stock_stop_after else []
-            return roll(pods, plan, port, stats_port, rate_rps, settle_s, on_step)
+            rolled = {} if rolled_load_models is None else {
+                pod.name: rolled_config(pod.config, root / f"{pod.name}-rolled", model_store,
+                                        rolled_load_models) for pod in pods}
+            return roll(pods, plan, port, stats_port, rate_rps, settle_s, on_step, rolled)
         finally:
             if balancer is not None:
                 balancer.terminate()
@@ -145,8 +169,10 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
 
 
 def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: int, rate_rps: float,
-         settle_s: float, on_step: Callable[[str], None]) -> RehearsalReport:
-    """Stop and restart the pods of `plan` in turn (True: gracefully) under open-loop load."""
+         settle_s: float, on_step: Callable[[str], None],
+         rolled_configs: dict[str, Path] | None = None) -> RehearsalReport:
+    """Stop and restart the pods of `plan` in turn (True: gracefully) under open-loop load; a
+    restarted pod runs its config of `rolled_configs` when given (the new version's archives)."""
     target = LoadTarget(f"http://127.0.0.1:{port}/predictions/efficientnet_lite0",
                         [photo_path().read_bytes()], timeout_s=60)
     results: list[Result] = []
@@ -161,6 +187,7 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
     try:
         time.sleep(settle_s)
         for pod, graceful in plan:
+            stopped_at = time.perf_counter() - started
             if graceful:
                 pod.terminate()
             else:
@@ -168,11 +195,13 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
                 stop_torchserve(pod.instance)   # no readiness change, no drain
             code, stop_s = pod.wait(timeout_s=120)
             restarted = time.monotonic()
+            pod.config = (rolled_configs or {}).get(pod.name, pod.config)
             pod.start()
             pod.wait_ready()
             wait_until(lambda: servers_up(stats_port) == len(pods), 30, f"HAProxy to take {pod.name} back",
                        interval_s=0.05, error=PodError)
-            steps.append(PodStep(pod.name, graceful, code, stop_s, time.monotonic() - restarted))
+            steps.append(PodStep(pod.name, graceful, code, stop_s, time.monotonic() - restarted,
+                                 stopped_at, time.perf_counter() - started))
             on_step(f"{pod.name}: exit {code} {stop_s:.1f} s after the stop; back in rotation after "
                     f"{steps[-1].restart_s:.1f} s")
             time.sleep(settle_s)
@@ -185,9 +214,37 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
                                       for result in results))
              for step, start, end in zip(steps, windows, windows[1:], strict=False)]
     summary = summarize("open loop", results, time.perf_counter() - started, rate_rps)
+    first_stop = steps[0].stopped_at_s if steps else float("inf")
+    last_back = max((step.back_at_s for step in steps), default=float("inf"))
     return RehearsalReport(pods=len(pods), rate_rps=rate_rps, duration_s=summary.duration_s,
                            sent=summary.sent, failed=summary.sent - summary.succeeded,
-                           errors=summary.errors, latency_ms=summary.latency_ms, steps=steps)
+                           errors=summary.errors, latency_ms=summary.latency_ms, steps=steps,
+                           versions_before=answers_per_version(results, 0.0, first_stop),
+                           versions_during=answers_per_version(results, first_stop, last_back),
+                           versions_after=answers_per_version(results, last_back, float("inf")))
+
+
+def rolled_config(config: Path, directory: Path, model_store: Path, load_models: str) -> Path:
+    """`config` (a pod's: its ports stay) loading `load_models` instead, each archive's `models=`
+    entry moved to the archive's own version, as the new image's config names it."""
+    properties = read_properties(config)
+    models = json.loads(properties.get("models") or "{}")
+    for archive in load_models.split(","):
+        manifest = archive_manifest(model_store / archive)
+        versions = models.get(manifest["modelName"], {})
+        settings = next(iter(versions.values()), {"defaultVersion": True})
+        versions.clear()
+        versions[manifest["modelVersion"]] = {**settings, "marName": archive}
+    properties.update({"load_models": load_models, "models": json.dumps(models)})
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.properties").write_text(render_properties(properties))
+    return directory / "config.properties"
+
+
+def answers_per_version(results: list[Result], start_s: float, end_s: float) -> dict[str, int]:
+    """Successful answers per X-Model-Version among requests scheduled in [start_s, end_s)."""
+    return dict(Counter(result.version for result in results
+                        if start_s <= result.scheduled_s < end_s and result.status == 200))
 
 
 def report_document(report: RehearsalReport) -> dict[str, object]:

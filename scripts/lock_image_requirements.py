@@ -23,8 +23,9 @@ import re
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 PIP_TOOLS = "pip-tools==7.6.2"

@@ -216,6 +216,7 @@ def run_foreground(args: argparse.Namespace) -> int:
                                 probe_host=instance.settings.bind_address or "127.0.0.1",
                                 probe_port=args.probe_port, front_port=args.front_port,
                                 grpc_front_port=args.grpc_front_port)
+
     def say(message: str, level: str = "INFO") -> None:
         line = json_log_line(message, "server", level) if instance.log_json else message
         print(line, file=sys.stdout if level == "INFO" else sys.stderr, flush=True)
@@ -235,5 +236,3 @@ def run_foreground(args: argparse.Namespace) -> int:
                       on_event=lambda line: say(line, "WARN"))
     say("TorchServe has stopped")
     return 0
-
-

@@ -231,7 +231,7 @@ def rolled_config(config: Path, directory: Path, model_store: Path, load_models:
     models = json.loads(properties.get("models") or "{}")
     for archive in load_models.split(","):
         manifest = archive_manifest(model_store / archive)
-        versions = models.get(manifest["modelName"], {})
+        versions = models.setdefault(manifest["modelName"], {})
         settings = next(iter(versions.values()), {"defaultVersion": True})
         versions.clear()
         versions[manifest["modelVersion"]] = {**settings, "marName": archive}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import zipfile
 
 import numpy as np
 import pytest
@@ -29,8 +30,10 @@ from torchserve_vision.lab.loadgen import (
     run_open_loop,
     summarize,
 )
+from torchserve_vision.lab.rolling_update import rolled_config
 from torchserve_vision.lab.sweep import SweepPoint, choose_operating_point, write_results
 from torchserve_vision.lab.tune import update_models_yaml
+from torchserve_vision.torchserve_config import read_properties, server_config
 
 
 def test_percentiles_interpolate_between_ranks():
@@ -180,3 +183,24 @@ def test_instances_bodies_carry_that_many_images_each_and_every_image_leads_one(
     firsts = [base64.b64decode(body["instances"][0]["data"]) for body in bodies]
     assert firsts == [b"a", b"b", b"c"]
     assert [base64.b64decode(item["data"]) for item in bodies[1]["instances"]] == [b"b", b"c", b"a", b"b"]
+
+
+def test_a_rolled_pod_keeps_its_ports_and_loads_the_new_version_with_its_settings(tmp_path):
+    """lab rolling-update --new-version: the restarted pod's config is its own (same ports),
+    loading the new archive, whose models= entry carries the old version's settings."""
+    store = tmp_path / "store"
+    store.mkdir()
+    with zipfile.ZipFile(store / "efficientnet_lite0-2.0.mar", "w") as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps(
+            {"model": {"modelName": "efficientnet_lite0", "modelVersion": "2.0"}}))
+    pod = server_config(tmp_path / "pod0", store, paths.DEVELOPMENT_CONFIG,
+                        load_models="efficientnet_lite0-1.0.mar")
+    rolled = read_properties(rolled_config(pod, tmp_path / "pod0-rolled", store,
+                                           "efficientnet_lite0-2.0.mar"))
+    before = read_properties(pod)
+    assert {key: rolled[key] for key in ("inference_address", "management_address", "model_store")} == {
+        key: before[key] for key in ("inference_address", "management_address", "model_store")}
+    assert rolled["load_models"] == "efficientnet_lite0-2.0.mar"
+    old = json.loads(before["models"])["efficientnet_lite0"]["1.0"]
+    assert json.loads(rolled["models"])["efficientnet_lite0"] == {
+        "2.0": {**old, "marName": "efficientnet_lite0-2.0.mar"}}

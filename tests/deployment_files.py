@@ -40,6 +40,10 @@ class Dockerfile:
     def all(self, keyword: str) -> list[str]:
         return [arguments for name, arguments in self.instructions if name == keyword]
 
+    def build_arguments(self) -> dict[str, str]:
+        """ARG name -> its default ("" without one)."""
+        return dict(arguments.partition("=")[::2] for arguments in self.all("ARG"))
+
     def final_stage(self) -> list[tuple[str, str]]:
         last_from = max(i for i, (name, _) in enumerate(self.instructions) if name == "FROM")
         return self.instructions[last_from:]

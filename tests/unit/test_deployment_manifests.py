@@ -10,7 +10,6 @@ import copy
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -402,8 +401,7 @@ def test_the_image_builds_its_archives_for_the_target_named_at_build_time():
     """TARGET (default cpu) becomes `build --target`, a value the command accepts, and
     decides whether the build stage installs a C++ compiler: only the cpu target compiles."""
     dockerfile = Dockerfile.read()
-    build_arguments = dict(argument.partition("=")[::2] for argument in dockerfile.all("ARG"))
-    assert build_arguments["TARGET"] == "cpu"
+    assert dockerfile.build_arguments()["TARGET"] == "cpu"
     (build,) = [arguments for arguments in dockerfile.all("RUN") if "torchserve-vision build" in arguments]
     (install,) = [arguments for arguments in dockerfile.all("RUN")
                   if "openjdk-17-jdk-headless" in arguments]
@@ -413,25 +411,6 @@ def test_the_image_builds_its_archives_for_the_target_named_at_build_time():
         program, *argv = shell_expanded(build, {"TARGET": target})
         assert program.endswith("/torchserve-vision")
         assert command_parser().parse_args(argv).target == target
-
-
-def documented_docker_builds() -> list[list[str]]:
-    """Every `docker build` command written in the Dockerfile's header and docs/kubernetes.md."""
-    text = "\n".join([(DEPLOY / "Dockerfile").read_text().replace("\n#", "\n"),
-                      (REPO / "docs" / "kubernetes.md").read_text()])
-    commands = re.findall(r"docker build(?:[^\n]*\\\n)*[^\n]*", text)
-    return [shlex.split(command.replace("\\\n", " ")) for command in commands]
-
-
-def test_documented_image_builds_set_only_the_dockerfiles_build_arguments():
-    declared = {argument.partition("=")[0] for argument in Dockerfile.read().all("ARG")}
-    builds = documented_docker_builds()
-    assert len(builds) >= 3
-    for words in builds:
-        named = {words[i + 1].partition("=")[0] for i, word in enumerate(words) if word == "--build-arg"}
-        assert named <= declared, words
-    gpu_builds = [words for words in builds if any(word.endswith("-gpu") for word in words)]
-    assert gpu_builds and all("TARGET=gpu" in words for words in gpu_builds)
 
 
 HTTPROUTE_SCHEMA = REPO / "tests" / "schemas" / "gateway-api-v1.6.1-httproute-v1.schema.json"

@@ -91,8 +91,7 @@ class DocChecker:
         self.rendered = manifests()
         self.cpu = self.rendered["cpu"]
         self.adapter = yaml.safe_load(ADAPTER_VALUES.read_text())
-        self.build_argument_defaults = dict(argument.partition("=")[::2]
-                                            for argument in Dockerfile.read().all("ARG"))
+        self.build_argument_defaults = Dockerfile.read().build_arguments()
         self.build_arguments = set(self.build_argument_defaults)
         self.checks: dict[str, Callable[[list[str]], list[str]]] = {
             "cd": self.cd, "docker": self.docker, "kustomize": self.kustomize, "helm": self.helm,
@@ -308,6 +307,19 @@ def test_a_wrong_name_on_the_page_is_found(wrong, right):
     text = DOC.read_text()
     assert wrong in text
     assert doc_problems(text.replace(wrong, right, 1))
+
+
+def dockerfile_builds() -> list[str]:
+    """The `docker build` commands of the Dockerfile's own header comment, continuations kept."""
+    comments = "\n".join(line.lstrip("#").strip() for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+                         if line.startswith("#"))
+    return re.findall(r"docker build (?:[^\n]*\\\n)*[^\n]*", comments)
+
+
+def test_the_dockerfiles_own_build_commands_pass_the_same_checks():
+    builds = dockerfile_builds()
+    assert len(builds) >= 2 and any("-gpu" in build for build in builds)
+    assert doc_problems("```bash\n" + "\n".join(builds) + "\n```\n") == []
 
 
 def test_a_program_the_checks_do_not_know_fails_the_page():

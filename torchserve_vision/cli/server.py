@@ -129,12 +129,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 def instance_from(args: argparse.Namespace) -> TorchServeInstance:
     log_config = None if getattr(args, "builtin_log_config", False) else getattr(args, "log_config",
                                                                                 paths.LOG_CONFIG)
-    destination_config = LOG_DESTINATIONS[getattr(args, "log_to", "files")]
-    to_stdout = destination_config is not None
-    if to_stdout and log_config == paths.LOG_CONFIG:
+    log_to = getattr(args, "log_to", "files")
+    destination_config = LOG_DESTINATIONS[log_to]
+    if destination_config is not None and log_config == paths.LOG_CONFIG:
         log_config = destination_config
     return instance_for(args.config, args.run_dir, log_config, DeploymentSettings.from_environment(),
-                        log_to_stdout=to_stdout, log_json=getattr(args, "log_to", "files") == "json")
+                        log_to_stdout=destination_config is not None, log_json=log_to == "json")
 
 
 def run_start(args: argparse.Namespace) -> int:

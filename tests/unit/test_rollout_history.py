@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from torchserve_vision.cli import main as command
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout_history import (
     CanarySplit,
@@ -181,3 +182,14 @@ def test_a_half_done_canary_step_says_which_split_abort_restores(tmp_path: Path)
     text = half_done_text(started)
     assert "from 10% to 2.0 to 25% to 2.0" in text and "models rollout --abort m" in text
     assert "restores 10% to 2.0" in text
+
+
+def test_a_dry_run_rollback_leaves_a_half_done_step_rollback_as_it_is(tmp_path: Path, capsys):
+    """`models rollback --dry-run` over a rollback of a canary step that a dead command left
+    started: it says what it would finish and changes nothing (no server is asked)."""
+    history = tmp_path / "history.json"
+    Journal(history).begin(step(10, 25, "rollback"))
+    assert command(["models", "rollback", "m", "--dry-run", "--history", str(history),
+                    "--management-url", "http://127.0.0.1:9"]) == 0
+    assert "[dry-run] would finish the rollback of m's canary: 10% to 2.0" in capsys.readouterr().out
+    assert [item.state for item in read_history(history)] == ["started"]

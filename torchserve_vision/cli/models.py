@@ -335,6 +335,10 @@ def rollback_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
     if pending is not None and pending.changes_split:
         if pending.kind != "rollback":
             raise RolloutError(half_done_text(pending))
+        if client.dry_run:   # the split is changed on the front's socket, not through the client
+            print(f"[dry-run] would finish the rollback of {args.model}'s canary: "
+                  f"{split_text(pending.split)}")
+            return
         settled = settle_split_change(pending, split_traffic_dir(client, args.model), journal,
                                       finish=True)
         print(f"finished the rollback of {args.model}'s canary: {split_text(settled.split)}")

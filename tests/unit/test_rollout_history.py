@@ -193,3 +193,13 @@ def test_a_dry_run_rollback_leaves_a_half_done_step_rollback_as_it_is(tmp_path: 
                     "--management-url", "http://127.0.0.1:9"]) == 0
     assert "[dry-run] would finish the rollback of m's canary: 10% to 2.0" in capsys.readouterr().out
     assert [item.state for item in read_history(history)] == ["started"]
+
+
+def test_a_dry_run_abort_of_a_half_done_step_says_so_and_changes_nothing(tmp_path: Path, capsys):
+    history = tmp_path / "history.json"
+    Journal(history).begin(step(25, 10))
+    assert command(["models", "rollout", "m", "--abort", "--dry-run", "--history", str(history),
+                    "--management-url", "http://127.0.0.1:9"]) == 0
+    said = capsys.readouterr().out
+    assert "[dry-run] would abort the half-done change of m's split (canary): 10% to 2.0 again" in said
+    assert [item.state for item in read_history(history)] == ["started"]

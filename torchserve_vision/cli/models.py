@@ -287,10 +287,12 @@ def rollout_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         journal = Journal(args.history)
         pending = journal.pending(args.model)
         if pending is not None and pending.changes_split:
-            if not client.dry_run:
-                settle_split_change(pending, split_traffic_dir(client, args.model), journal,
-                                    finish=False)
-            print(f"aborted the {pending.kind} of {args.model}'s canary: "
+            if client.dry_run:   # the split is changed on the front's socket, not through the client
+                print(f"[dry-run] would abort the half-done change of {args.model}'s split "
+                      f"({pending.kind}): {split_text(pending.from_split)} again")
+                return
+            settle_split_change(pending, split_traffic_dir(client, args.model), journal, finish=False)
+            print(f"aborted the half-done change of {args.model}'s split ({pending.kind}): "
                   f"{split_text(pending.from_split)} again")
             return
         entry = abort(client, args.model, journal, args.model_store,

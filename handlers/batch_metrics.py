@@ -1,4 +1,4 @@
-"""A batch's record and a worker's refused packages as TorchServe metrics (Prometheus with
+"""A batch's record and a worker's runner choice as TorchServe metrics (Prometheus with
 metrics_mode=prometheus and model_metrics_auto_detect=true). No-ops without a metrics cache; the
 one import from TorchServe happens only when there is one."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.batch_record import STAGES, BatchRecord
-from handlers.model.compiled_model import CompiledModelRefused
+from handlers.model.runner_selection import RunnerChoice
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ def emit_batch_metrics(metrics: Any, record: BatchRecord) -> None:
     from ts.metrics.metric_type_enum import MetricTypes  # the glue's only TorchServe import
 
     metrics.add_metric("HandlerBatchSize", record.size, "count", metric_type=MetricTypes.GAUGE)
-    metrics.add_metric("HandlerCompiledModel", int(record.runner == "aot"), "count",
+    metrics.add_metric("HandlerCompiledModel", int(record.runner != "eager"), "count",
                        metric_type=MetricTypes.GAUGE)
     metrics.add_counter("HandlerBatches", 1)
     metrics.add_counter("HandlerRequests", record.size)
@@ -44,11 +44,17 @@ def emit_batch_metrics(metrics: Any, record: BatchRecord) -> None:
         metrics.add_metric(f"Handler{name}", value, "count", metric_type=MetricTypes.GAUGE)
 
 
-def emit_compiled_model_refusal(metrics: Any, refusal: CompiledModelRefused) -> None:
-    """Count a worker that serves eagerly because its compiled package was refused."""
-    if metrics is not None:
-        metrics.add_counter("HandlerCompiledModelRefusals", 1,
-                            dimensions=[MetricDimension("Reason", refusal.kind)])
+def emit_runner_choice(metrics: Any, network: str, choice: RunnerChoice) -> None:
+    """At worker start: which runner serves `network` (HandlerRunnerSelected{Network, Runner},
+    one per worker), and each runner refused on the way (HandlerCompiledModelRefusals{Reason,
+    Runner})."""
+    if metrics is None:
+        return
+    metrics.add_counter("HandlerRunnerSelected", 1, dimensions=[
+        MetricDimension("Network", network), MetricDimension("Runner", choice.runner)])
+    for refusal in choice.refusals:
+        metrics.add_counter("HandlerCompiledModelRefusals", 1, dimensions=[
+            MetricDimension("Reason", refusal.error.kind), MetricDimension("Runner", refusal.runner)])
 
 
 def emit_queue_full(metrics: Any) -> None:

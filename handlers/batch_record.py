@@ -21,7 +21,7 @@ class BatchRecord:
     rejected: Counter[str] = field(default_factory=Counter)   # error type -> count
     stage_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     oom_splits: int = 0
-    runner: str = "eager"   # "aot": the compiled package ran the batch
+    runner: str = "eager"   # else the compiled runner(s) that ran the batch, e.g. "openvino-bf16"
     # What a handler adds (see BatchedImageHandler.record_answers): counters are summed over
     # batches (e.g. EscalatedRequests), gauges hold this batch's value (e.g. EscalationRate).
     counters: dict[str, int] = field(default_factory=dict)

@@ -66,6 +66,9 @@ class DetectThenClassifyHandler(
         self.labels, self.precision = self.detector.labels, self.detector.precision
         self.runners = {"classifier": self.classifier.runner}
 
+    def torch_computes(self) -> bool:
+        return True     # the detector runs in torch, whatever serves the classifier
+
     def parse_options(self, row: Mapping[str, Any], header: HeaderReader) -> DetectClassifyOptions:
         return parse_detect_classify_options(row, header, self.settings, self.labels,
                                              len(self.classifier.labels))

@@ -1,5 +1,6 @@
 """One classification network ready to serve on a device: its settings, class names and runner
-(the archive's compiled package when it may run here, else the eager network).
+(the first of the archive's compiled models that may run here and passes its check, else the
+eager network: handlers.model.runner_selection).
 
 Used by the image classifier and by the pipelines (a cascade holds two, detect-then-classify
 one), so every classifier is prepared, preprocessed and warmed up the same way.
@@ -13,21 +14,17 @@ from pathlib import Path
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from handlers.model.compiled_model import (
-    EagerModel,
-    MachineTarget,
-    Runner,
-    RunnerChoice,
-    compiled_or_eager,
-)
+from handlers.model import model_loading
+from handlers.model.compiled_model import EagerModel, MachineTarget, Runner
 from handlers.model.model_loading import autocast, load_for_serving
+from handlers.model.runner_selection import RunnerChoice, choose_runner
 from handlers.model.settings import ClassifierSettings
 from handlers.task.transforms import preprocess_classification_batch
 
 
 class ClassifierModel:
-    """`labels`, `precision` (what runs here), `runner` (the compiled package it loaded, or eager
-    and why), `network` (eager, on `device`), `run` (what serves: package or eager network)."""
+    """`labels`, `precision` (what the worker runs here), `runner` (the compiled model it loaded,
+    or eager, and what was refused), `network` (eager, on `device`), `run` (what serves)."""
 
     def __init__(self, settings: ClassifierSettings, model_dir: Path, serialized_file: str,
                  device: torch.device) -> None:
@@ -42,9 +39,13 @@ class ClassifierModel:
         self.runner: RunnerChoice
         eager = EagerModel(serve=self.eager_forward, fp32=self.network,
                            model_input=lambda photos: self.crops_input(photos.float()))
-        self.run, self.runner = compiled_or_eager(
-            settings.compiled_packages, model_dir, MachineTarget.here(device, self.precision),
-            eager, timeout_s)
+        native_bf16 = device.type == "cpu" and model_loading.cpu_has_native_bf16()
+        self.channels_last_input = settings.channels_last
+        self.run, self.runner = choose_runner(
+            settings.archive_runners, model_dir, MachineTarget.here(device, self.precision),
+            native_bf16, eager, timeout_s, torch.get_num_threads())
+        # The other engines read plain NCHW: a channels-last batch would be converted back.
+        self.channels_last_input = settings.channels_last and self.runner.computes_in_torch
 
     def eager_forward(self, batch: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.precision):
@@ -65,7 +66,7 @@ class ClassifierModel:
         return self.in_memory_format(batch)
 
     def in_memory_format(self, batch: torch.Tensor) -> torch.Tensor:
-        if self.settings.channels_last:
+        if self.channels_last_input:
             return batch.contiguous(memory_format=torch.channels_last)
         return batch
 

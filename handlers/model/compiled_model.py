@@ -7,9 +7,10 @@ the target of each: torch version, device, CPU instruction set, precision, input
 never compiles. At load it checks the recorded target against this machine (ATen's CPU
 capability and every feature of the target's x86-64 level), loads the package (bounded in time,
 with input checks on), and checks its answers to the archive's probe photos against the fp32
-eager model's with the criterion of handlers.model.answer_agreement; any failure is logged with its
-reason and the worker serves the eager model, which is always correct. So an archive built on
-one CPU is safe on another: at worst it runs eagerly.
+eager model's with the criterion of handlers.model.answer_agreement. Any failure refuses the
+package with its reason (CompiledModelRefused); handlers.model.runner_selection then tries the next
+runner of the archive's order, and serves the eager model, always correct, when none is left. So
+an archive built on one CPU is safe on another: at worst it runs eagerly.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,7 +31,7 @@ from handlers.model.gil_free_package import GilFreePackage, UnsupportedPackage
 logger = logging.getLogger(__name__)
 
 Runner = Callable[[torch.Tensor], torch.Tensor]
-RunnerKind = Literal["aot", "eager"]
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -198,26 +199,6 @@ def package_for(packages: Sequence[CompiledPackage], machine: MachineTarget) -> 
     raise CompiledModelRefused(refusals[-1].kind, "; ".join(str(refusal) for refusal in refusals))
 
 
-@dataclass(frozen=True)
-class RunnerChoice:
-    """What a worker serves: "aot" (the `package` loaded) or "eager" (with the `refusal` that
-    says why, or None when the archive has no packages)."""
-
-    kind: RunnerKind
-    package: CompiledPackage | None = None
-    refusal: CompiledModelRefused | None = None
-
-    def describe(self) -> dict[str, Any]:
-        """For logs, `models describe` and tests: runner, and the package or the refusal."""
-        if self.package is not None:
-            return {"runner": self.kind, "package": self.package.file,
-                    "cpu_capability": self.package.target.cpu_capability,
-                    "precision": self.package.target.precision}
-        if self.refusal is not None:
-            return {"runner": self.kind, "refused": self.refusal.kind, "reason": str(self.refusal)}
-        return {"runner": self.kind}
-
-
 class ChunkedRunner:
     """A compiled model whose batch dimension is bounded: larger batches (a batch size raised
     through the management API after the build) run in chunks of at most `max_batch_size`."""
@@ -270,14 +251,14 @@ def load_aoti_package(path: Path, device: str = "cpu") -> Runner:
         return torch._inductor.aoti_load_package(str(path))
 
 
-def call_with_deadline(function: Callable[[], Runner], timeout_s: float) -> Runner:
+def call_with_deadline(function: Callable[[], Result], timeout_s: float) -> Result:
     """`function()` in a daemon thread; CompiledModelRefused when it raises or takes longer than
     `timeout_s` (the thread is then abandoned, and its result ignored)."""
     outcome: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            outcome["runner"] = function()
+            outcome["result"] = function()
         except Exception as error:  # noqa: BLE001 - any failure means: serve eagerly
             outcome["error"] = error
 
@@ -289,7 +270,8 @@ def call_with_deadline(function: Callable[[], Runner], timeout_s: float) -> Runn
     if "error" in outcome:
         error = outcome["error"]
         raise CompiledModelRefused("load_failed", f"loading failed: {type(error).__name__}: {error}")
-    return outcome["runner"]
+    result: Result = outcome["result"]
+    return result
 
 
 COMPILED_DIRECTORY = "compiled"   # in the model directory: the packages and their probe photos
@@ -339,33 +321,3 @@ class EagerModel:
     serve: Runner
     fp32: Runner
     model_input: Callable[[torch.Tensor], torch.Tensor]
-
-
-def load_compiled_runner(packages: Sequence[CompiledPackage], model_dir: Path, machine: MachineTarget,
-                         eager: EagerModel, timeout_s: float) -> tuple[ChunkedRunner, CompiledPackage]:
-    """The compiled package this worker can run, loaded within `timeout_s` and checked against
-    the eager model on the archive's probe photos; CompiledModelRefused with the reason otherwise."""
-    package = package_for(packages, machine)
-    path = model_dir / package.file
-    if not path.is_file():
-        raise CompiledModelRefused("missing", f"{package.file} is not in the archive")
-    probe = eager.model_input(load_probe_photos(model_dir).to(machine.device))
-    compiled = ChunkedRunner(call_with_deadline(lambda: load_aoti_package(path, machine.device), timeout_s),
-                             package.target.max_batch_size)
-    check_answers(compiled, eager.fp32, probe, machine.precision)
-    return compiled, package
-
-
-def compiled_or_eager(packages: Sequence[CompiledPackage], model_dir: Path, machine: MachineTarget,
-                      eager: EagerModel, timeout_s: float) -> tuple[Runner, RunnerChoice]:
-    """(runner, choice): the compiled model when it may run here, else `eager.serve` with the
-    refusal that says why (logged). No packages: eager, no refusal."""
-    if not packages:
-        return eager.serve, RunnerChoice("eager")
-    try:
-        compiled, package = load_compiled_runner(packages, model_dir, machine, eager, timeout_s)
-    except CompiledModelRefused as refusal:
-        logger.warning("compiled model refused (%s), serving the eager model: %s", refusal.kind,
-                       refusal)
-        return eager.serve, RunnerChoice("eager", refusal=refusal)
-    return compiled, RunnerChoice("aot", package=package)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from handlers.model.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
+from handlers.model.runner_order import ENGINES, RunnerName, parse_runner_order
+from handlers.model.runner_selection import ArchiveRunners, EngineModel
 from handlers.request.request_options import fraction_of
 from handlers.task.detection import DetectionOptions
 
@@ -58,11 +60,16 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class CompileSettings:
-    """`compile:` ahead of time: `torchserve-vision build` builds AOTInductor packages into the
-    archive; a worker loads one (never compiles) or serves eagerly. See handlers.model.compiled_model."""
+    """`compile:` ahead of time: `torchserve-vision build` builds the model for each of `engines`
+    into the archive (AOTInductor packages, an OpenVINO IR, an ONNX model) with the preference
+    order per CPU kind (`runner_order`; None: runner_order.DEFAULT_RUNNER_ORDER); a worker loads
+    the first that passes its check (never compiles) or serves eagerly. See
+    handlers.model.runner_selection."""
 
     cpu_target: CpuTargetName = "avx2"              # a key of compiled_model.CPU_TARGETS
     load_timeout_s: float = DEFAULT_COMPILED_LOAD_TIMEOUT_S
+    engines: tuple[str, ...] = ENGINES
+    runner_order: Mapping[str, tuple[RunnerName, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,12 @@ class ClassifierSettings(HandlerSettings):
     compile: CompileSettings | None
     jpeg_draft: bool = True
     compiled_packages: tuple[CompiledPackage, ...] = ()
+    engine_models: tuple[EngineModel, ...] = ()      # written by the archive builder
+    runner_order: Mapping[str, tuple[RunnerName, ...]] | None = None   # likewise
+
+    @property
+    def archive_runners(self) -> ArchiveRunners:
+        return ArchiveRunners(self.compiled_packages, self.engine_models, self.runner_order)
 
 
 def _require(section: Mapping[str, Any], key: str, where: str) -> Any:
@@ -203,9 +216,10 @@ def parse_compile(value: Any) -> CompileSettings | None:
         return CompileSettings()
     if not isinstance(value, Mapping):
         raise SettingsError(f"'compile' must be true, false or a mapping with 'cpu_target' "
-                            f"({', '.join(CPU_TARGETS)}) and 'load_timeout_s'; got {value!r} "
-                            "(a worker never runs torch.compile: packages are built ahead of time)")
-    unknown = set(value) - {"cpu_target", "load_timeout_s"}
+                            f"({', '.join(CPU_TARGETS)}), 'load_timeout_s', 'engines' and "
+                            f"'runner_order'; got {value!r} (a worker never runs torch.compile: "
+                            "models are built ahead of time)")
+    unknown = set(value) - {"cpu_target", "load_timeout_s", "engines", "runner_order"}
     if unknown:
         raise SettingsError(f"unknown 'compile' settings: {sorted(unknown)}")
     timeout = value.get("load_timeout_s", DEFAULT_COMPILED_LOAD_TIMEOUT_S)
@@ -214,7 +228,48 @@ def parse_compile(value: Any) -> CompileSettings | None:
     return CompileSettings(
         cpu_target=_choice(value.get("cpu_target", "avx2"), "compile.cpu_target", CpuTargetName),
         load_timeout_s=float(timeout),
+        engines=parse_engines(value.get("engines", list(ENGINES))),
+        runner_order=parse_order(value.get("runner_order"), "compile.runner_order"),
     )
+
+
+def parse_engines(value: Any) -> tuple[str, ...]:
+    """`compile.engines`: a non-empty list of engines to build, each once."""
+    if isinstance(value, str) or not isinstance(value, list) or not value:
+        raise SettingsError(f"'compile.engines' must be a non-empty list of {list(ENGINES)}, got {value!r}")
+    for engine in value:
+        if engine not in ENGINES:
+            raise SettingsError(f"'compile.engines' has unknown engine {engine!r}; "
+                                f"engines are {list(ENGINES)}")
+    if len(set(value)) != len(value):
+        raise SettingsError(f"'compile.engines' names an engine twice: {value}")
+    return tuple(value)
+
+
+def parse_order(value: Any, where: str) -> Mapping[str, tuple[RunnerName, ...]] | None:
+    """A runner order table ({cpu kind: [runner, ...]}), or None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SettingsError(f"'{where}' must map CPU kinds to lists of runners, got {value!r}")
+    try:
+        return parse_runner_order(value)
+    except ValueError as error:
+        raise SettingsError(f"'{where}': {error}") from None
+
+
+def parse_engine_models(value: Any) -> tuple[EngineModel, ...]:
+    """`engine_models` (written by the archive builder): [{engine, file}, ...]."""
+    if value is None:
+        return ()
+    try:
+        models = tuple(EngineModel(str(entry["engine"]), str(entry["file"])) for entry in value)
+    except (KeyError, TypeError) as error:
+        raise SettingsError(f"'engine_models' is malformed: {error!r}") from None
+    for model in models:
+        if model.engine not in ENGINES or model.engine == "aoti":
+            raise SettingsError(f"'engine_models' has unknown engine {model.engine!r}")
+    return models
 
 
 def parse_compiled_packages(value: Any) -> tuple[CompiledPackage, ...]:
@@ -253,6 +308,8 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         limits=parse_limits(handler_section.get("limits", {})),
         jpeg_draft=bool(handler_section.get("jpeg_draft", True)),
         compiled_packages=parse_compiled_packages(handler_section.get("compiled_packages")),
+        engine_models=parse_engine_models(handler_section.get("engine_models")),
+        runner_order=parse_order(handler_section.get("runner_order"), "runner_order"),
     )
 
 

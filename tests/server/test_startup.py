@@ -1,7 +1,7 @@
 """Start-up on a real TorchServe: timeouts from config/models.yaml, workers that report their
-start-up time and run the compiled package (every archive of the store, each network of the
-pipelines too, on the CPU at hand), and an archive compiled for another target that is refused
-by the worker and served eagerly instead of crashing it."""
+start-up time and serve the first compiled runner of the archive's order for the CPU at hand
+(every archive of the store, each network of the pipelines too), and an archive whose packages
+were compiled for another target, refused by the worker and served eagerly instead of crashing it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import requests
 import yaml
 
 from tests.images import CAT_LABELS, photo_bytes
+from tests.runners import classifier_sections, first_runner_here
 from tests.server.http_client import post_image
 from tests.server.logs import wait_for_log
 from torchserve_vision import paths
@@ -42,7 +43,8 @@ def test_each_model_has_the_timeouts_of_its_description(server):
         assert described["responseTimeout"] == description.serving.response_timeout_s
 
 
-def test_workers_log_their_start_up_time_and_the_classifier_runs_its_compiled_package(server):
+def test_workers_log_their_start_up_time_and_the_classifier_runs_the_first_runner_of_its_order(
+        server, model_store):
     expected_workers = {d.name: d.serving.min_workers for d in started_descriptions()}
 
     def ready_lines(lines: list[str]) -> list[re.Match[str]]:
@@ -53,13 +55,15 @@ def test_workers_log_their_start_up_time_and_the_classifier_runs_its_compiled_pa
     ready = ready_lines(lines)
     for name, workers in expected_workers.items():
         assert sum(match[1] == name for match in ready) >= workers, name
-    assert {match[3] for match in ready if match[1] == "efficientnet_lite0"} == {"aot"}
+    lite0 = classifier_sections(model_store / "efficientnet_lite0-1.0.mar")["classifier"]
+    expected = first_runner_here(lite0)
+    assert {match[3] for match in ready if match[1] == "efficientnet_lite0"} == {expected}
     assert all(int(match[4]) > 0 for match in ready)
 
 
 def copy_with_foreign_target(source: Path, target: Path, model_name: str) -> None:
     """The archive under another model name, its compiled packages recorded as built with
-    another torch: a worker must refuse them."""
+    another torch and its order naming only them: a worker must refuse them."""
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as new:
         for item in old.infolist():
             data = old.read(item.filename)
@@ -67,6 +71,8 @@ def copy_with_foreign_target(source: Path, target: Path, model_name: str) -> Non
                 config = yaml.safe_load(data)
                 for package in config["handler"]["compiled_packages"]:
                     package["target"]["torch_version"] = "1.0.0"
+                config["handler"]["runner_order"] = {"avx512_bf16": ["aoti-bf16", "aoti-fp32"],
+                                                     "avx2": ["aoti-fp32"]}
                 data = yaml.safe_dump(config).encode()
             elif item.filename == "MAR-INF/MANIFEST.json":
                 data = data.replace(b'"efficientnet_lite0"', f'"{model_name}"'.encode())
@@ -87,10 +93,13 @@ def test_an_archive_compiled_for_another_target_is_served_eagerly(server, model_
         lines = wait_for_log(server.log_dir / "model_log.log",
                              lambda lines: any(f"model={name} " in line for line in lines))
         assert any(f"model={name} " in line and "runner=eager" in line for line in lines)
-        assert any("compiled model refused (target)" in line and "torch 1.0.0" in line for line in lines)
+        assert any("aoti-fp32 refused (target)" in line and "torch 1.0.0" in line for line in lines)
         metrics = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
-        assert re.search(rf'HandlerCompiledModelRefusals\{{.*Reason="target".*ModelName="{name}"', metrics) \
-            or re.search(rf'HandlerCompiledModelRefusals\{{.*ModelName="{name}".*Reason="target"', metrics)
+        refusals = [line for line in metrics.splitlines()
+                    if line.startswith("HandlerCompiledModelRefusals{") and f'ModelName="{name}"' in line]
+        assert any('Reason="target"' in line and 'Runner="aoti-fp32"' in line for line in refusals)
+        assert any(line.startswith("HandlerRunnerSelected{") and f'ModelName="{name}"' in line
+                   and 'Runner="eager"' in line for line in metrics.splitlines())
     finally:
         requests.delete(f"{server.management_url}/models/{name}", timeout=60)
 
@@ -107,10 +116,10 @@ def described_handler(server: TorchServeInstance, model: str, version: str) -> d
     return server.client().describe(model, version, customized=True)[0]["customizedMetadata"]
 
 
-def test_every_archive_serves_its_compiled_packages_on_this_cpu(server, model_store):
+def test_every_archive_serves_the_first_runner_of_its_order_on_this_cpu(server, model_store):
     """Every model of config/models.yaml, registered from the store (one worker each, the ones
     the server did not start), tells through TorchServe's describe API which runner each of its
-    networks uses: the compiled package wherever the archive has one, on the CPU at hand."""
+    networks uses: the first of its order for the CPU at hand, nothing refused."""
     client = server.client()
     descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
     registered = []
@@ -125,17 +134,19 @@ def test_every_archive_serves_its_compiled_packages_on_this_cpu(server, model_st
             wait_for_workers(client, description.name, description.version, 1, 240)
         for description in descriptions:
             handler = described_handler(server, description.name, description.version)
-            with zipfile.ZipFile(model_store / f"{description.name}-{description.version}.mar") as mar:
-                packaged = [name for name in mar.namelist() if name.endswith(".pt2")]
+            mar = model_store / f"{description.name}-{description.version}.mar"
+            with zipfile.ZipFile(mar) as archive:
+                files = archive.namelist()
             runners = handler["runners"]
             if description.task == "detection":
-                assert runners == {} and not packaged
+                assert runners == {} and not any(name.startswith("compiled/") for name in files)
                 continue
-            assert packaged, description.name  # every classifier network is built with packages
-            assert runners, description.name
+            sections = classifier_sections(mar)
+            assert runners and set(runners) == set(sections), description.name
             for role, runner in runners.items():
-                assert runner["runner"] == "aot", (description.name, role, runner, cpu_model_name())
-                assert runner["package"] == f"compiled/model-{runner['precision']}.pt2"
+                expected = first_runner_here(sections[role])
+                assert runner["runner"] == expected, (description.name, role, runner, cpu_model_name())
+                assert "refused" not in runner and any(name.endswith(runner["file"]) for name in files)
     finally:
         for description in registered:
             client.unregister(description.name, description.version)

@@ -15,10 +15,11 @@ import yaml
 from torch import nn
 
 import handlers
+from handlers.model.runner_order import DEFAULT_RUNNER_ORDER
 from handlers.model.settings import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from handlers.task.transforms import preprocess_classification_batch
-from tests.archives import archive_context, load_classifier
+from tests.archives import archive_context, load_classifier, load_classifier_dir, stage_model_dir
 from tests.images import photo_bytes
 from torchserve_vision import paths
 from torchserve_vision.archives.build import BuildError, build_archive, frontend_settings
@@ -203,6 +204,30 @@ def test_the_default_classifier_archive_holds_compiled_packages_and_the_timeouts
         assert package["target"]["cpu_capability"] == "AVX2"   # the portable target, not this CPU's
         assert package["target"]["max_batch_size"] == serving.batch_size
         assert package["target"]["torch_version"] == str(torch.__version__)
+    engine_models = {model["engine"]: model["file"] for model in model_yaml["handler"]["engine_models"]}
+    assert engine_models == {"openvino": "compiled/model-openvino.xml", "onnxruntime": "compiled/model.onnx"}
+    assert {*engine_models.values(), "compiled/model-openvino.bin", "compiled/probe-photos.pt"} <= names
+    assert model_yaml["handler"]["runner_order"] == {kind: list(order)
+                                                     for kind, order in DEFAULT_RUNNER_ORDER.items()}
+
+
+def test_an_archive_built_for_some_engines_holds_only_their_models_and_orders_only_them(tmp_path):
+    """`compile: {engines: [onnxruntime]}` on timm's tiny test network: only the ONNX model is
+    built, the recorded order names only its runner, and the worker serves it."""
+    description = parse_description({
+        "name": "tiny", "version": "1.0", "labels": "imagenet",
+        "model": {"source": "timm", "architecture": "test_efficientnet", "weights": "fixed-seed:1"},
+        "handler": {"preprocess": {"resize_size": 72, "input_size": 64},
+                    "compile": {"engines": ["onnxruntime"]}}})
+    model_dir = stage_model_dir(description, tmp_path)
+    handler_yaml = yaml.safe_load((model_dir / "model-config.yaml").read_text())["handler"]
+    assert "compiled_packages" not in handler_yaml
+    assert handler_yaml["engine_models"] == [{"engine": "onnxruntime", "file": "compiled/model.onnx"}]
+    assert set(handler_yaml["runner_order"]["avx2"]) == {"onnxruntime-fp32"}
+    compiled = sorted(path.name for path in (model_dir / "compiled").iterdir())
+    assert compiled == ["model.onnx", "probe-photos.pt"]
+    handler = load_classifier_dir(model_dir)
+    assert handler.runner == "onnxruntime-fp32"
 
 
 def test_an_archive_for_gpu_workers_holds_no_cpu_packages_and_still_answers(tmp_path):

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from handlers.image_classifier import ImageClassifierHandler
-from handlers.model import compiled_model
+from handlers.model import compiled_model, runner_selection
 from handlers.model.compiled_model import (
     ChunkedRunner,
     CompiledModelRefused,
@@ -186,6 +186,7 @@ def model_dir_copy(classifier: ImageClassifierHandler, target: Path, **target_ch
     for package in config["handler"]["compiled_packages"]:
         package["target"].update(target_changes)
     config["handler"]["compile"] = {"cpu_target": "avx2", "load_timeout_s": 1}
+    config["handler"]["runner_order"] = AOTI_ONLY     # what these tests refuse: the packages
     config_path.write_text(yaml.safe_dump(config))
     return target
 
@@ -197,25 +198,37 @@ def answers(handler: ImageClassifierHandler) -> list[list[dict]]:
     return [json.loads(body) for body in bodies]
 
 
+AOTI_ONLY = {"avx512_bf16": ["aoti-bf16", "aoti-fp32"], "avx2": ["aoti-fp32"]}
+
+
 @pytest.fixture(scope="module")
 def reference(classifier: ImageClassifierHandler) -> list[list[dict]]:
-    assert classifier.runner == "aot"
+    assert classifier.runner != "eager"
     return answers(classifier)
 
 
 def assert_serves_eagerly(handler: ImageClassifierHandler, kind: str, reference: list[list[dict]]) -> None:
+    """Every package this worker may run was tried, each refused for `kind`, and the eager
+    network answers as the compiled one did."""
     assert handler.runner == "eager" and handler.initialized
     choice = handler.runners["classifier"]
-    assert choice.kind == "eager" and choice.refusal is not None and choice.refusal.kind == kind
-    assert handler.describe()["runners"]["classifier"]["refused"] == kind
+    tried = ["aoti-bf16", "aoti-fp32"] if handler.precision == "bf16" else ["aoti-fp32"]
+    assert choice.runner == "eager" and [refusal.runner for refusal in choice.refusals] == tried
+    assert {refusal.error.kind for refusal in choice.refusals} == {kind}
+    described = handler.describe()["runners"]["classifier"]
+    assert [refusal["reason"] for refusal in described["refused"]] == [kind] * len(tried)
     for got, expected in zip(answers(handler), reference, strict=True):
         assert_same_answer(got, expected, handler.precision)
+
+
+def first_refusal(handler: ImageClassifierHandler) -> CompiledModelRefused:
+    return handler.runners["classifier"].refusals[0].error
 
 
 def test_a_package_built_with_another_torch_is_refused(classifier, reference, tmp_path):
     handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m", torch_version="2.0.0"))
     assert_serves_eagerly(handler, "target", reference)
-    assert "torch 2.0.0" in str(handler.runners["classifier"].refusal)
+    assert "torch 2.0.0" in str(first_refusal(handler))
 
 
 def test_a_cpu_that_hides_a_feature_of_the_package_serves_eagerly_and_says_so(
@@ -224,12 +237,15 @@ def test_a_cpu_that_hides_a_feature_of_the_package_serves_eagerly_and_says_so(
     assert features is not None
     monkeypatch.setattr(compiled_model, "cpu_features", lambda: features - {"movbe"})
     metrics = RecordingMetrics()
-    with caplog.at_level("WARNING", logger="handlers.model.compiled_model"):
+    with caplog.at_level("WARNING", logger="handlers.model.runner_selection"):
         handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m"), metrics=metrics)
     assert_serves_eagerly(handler, "cpu_features", reference)
-    assert any("compiled model refused (cpu_features)" in r.getMessage() and "movbe" in r.getMessage()
+    assert any("aoti-fp32 refused (cpu_features)" in r.getMessage() and "movbe" in r.getMessage()
                for r in caplog.records)
-    assert metrics.counters == [("HandlerCompiledModelRefusals", 1, {"Reason": "cpu_features"})]
+    refused = [("HandlerCompiledModelRefusals", 1, {"Reason": "cpu_features", "Runner": refusal.runner})
+               for refusal in handler.runners["classifier"].refusals]
+    assert metrics.counters == [("HandlerRunnerSelected", 1, {"Network": "classifier", "Runner": "eager"}),
+                                *refused]
 
 
 def test_a_cpu_without_the_package_instruction_set_serves_eagerly(classifier, reference, tmp_path,
@@ -255,7 +271,7 @@ def test_a_package_that_loads_too_slowly_is_abandoned(classifier, reference, tmp
         finished.set()
         raise AssertionError("abandoned load went on")
 
-    monkeypatch.setattr(compiled_model, "load_aoti_package", slow_load)
+    monkeypatch.setattr(runner_selection, "load_aoti_package", slow_load)
     handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m"))
     assert not finished.is_set()     # the worker went on while the load was still running
     release.set()
@@ -263,7 +279,7 @@ def test_a_package_that_loads_too_slowly_is_abandoned(classifier, reference, tmp
 
 
 def test_a_package_with_wrong_answers_is_refused(classifier, reference, tmp_path, monkeypatch):
-    monkeypatch.setattr(compiled_model, "load_aoti_package",
+    monkeypatch.setattr(runner_selection, "load_aoti_package",
                         lambda path, device="cpu": (lambda batch: torch.zeros(batch.shape[0], 1000)))
     handler = load_classifier_dir(model_dir_copy(classifier, tmp_path / "m"))
     assert_serves_eagerly(handler, "wrong_output", reference)
@@ -281,8 +297,8 @@ def test_a_package_that_does_not_hold_the_archive_weights_is_refused(classifier,
     state["classifier.weight"] = head + 0.3 * head.std() * torch.randn(head.shape, generator=generator)
     torch.save(state, weights_path)
     handler = load_classifier_dir(model_dir)
-    refusal = handler.runners["classifier"].refusal
-    assert handler.runner == "eager" and refusal is not None and refusal.kind == "wrong_output"
+    refusal = first_refusal(handler)
+    assert handler.runner == "eager" and refusal.kind == "wrong_output"
     assert "probe photo" in str(refusal)
 
 
@@ -293,6 +309,6 @@ def test_a_package_built_for_another_model_is_refused(classifier, model_store, t
         for package in (model_dir / "compiled").glob("*.pt2"):
             package.write_bytes(lite1.read(f"compiled/{package.name}"))
     handler = load_classifier_dir(model_dir)
-    refusal = handler.runners["classifier"].refusal
-    assert handler.runner == "eager" and refusal is not None and refusal.kind == "wrong_output"
+    refusal = first_refusal(handler)
+    assert handler.runner == "eager" and refusal.kind == "wrong_output"
     assert answers(handler)[1][0]["label"] == "espresso"

@@ -89,8 +89,9 @@ def test_torchserve_describe_request_gets_the_worker_runner_and_no_prediction(cl
     described = json.loads(body)
     assert described["device"] == "cpu" and described["precision"] == classifier.precision
     runner = described["runners"]["classifier"]
-    assert runner["runner"] == "aot" and runner["package"].startswith("compiled/model-")
-    assert runner["precision"] == classifier.precision and runner["cpu_capability"] == "AVX2"
+    choice = classifier.runners["classifier"]
+    assert runner["runner"] == choice.runner != "eager" and runner["file"].startswith("compiled/model")
+    assert runner["precision"] == choice.precision and runner["cpu_kind"] == choice.cpu_kind
 
 
 def test_a_client_describe_header_on_an_image_request_or_a_batch_is_predicted_as_usual(classifier):

@@ -20,6 +20,7 @@ from handlers.model.model_loading import autocast, effective_precision
 from tests.answers import assert_same_answer, default_classifier
 from tests.archives import archive_context, load_classifier_dir, stage_model_dir
 from tests.images import photo_bytes
+from tests.runners import first_runner_here
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda:0")
@@ -101,12 +102,14 @@ def test_bf16_answers_match_fp32_on_real_photos(eager_fp32, photos, tmp_path, mo
         assert_same_answer(answers(bf16, [photo])[0], alone, "bf16")
 
 
-def test_the_compiled_classifier_runs_its_package_at_every_batch_size_and_matches_eager(
+def test_the_compiled_classifier_runs_its_first_runner_at_every_batch_size_and_matches_eager(
         classifier, eager_fp32, photos):
     from torch._dynamo.utils import counters
 
     assert DEFAULT_CLASSIFIER.handler_options.get("compile")
-    assert classifier.runner == "aot" and classifier.runners["classifier"].refusal is None
+    model_yaml = archive_context(classifier.model_dir).model_yaml_config or {}
+    assert classifier.runner == first_runner_here(model_yaml["handler"])
+    assert classifier.runners["classifier"].refusals == ()
     graphs_before = counters["stats"]["unique_graphs"]
     reference = answers(eager_fp32, photos)
     for count in (1, 2, 3, 5, 2, 1):
@@ -120,7 +123,7 @@ def test_the_bf16_package_runs_where_the_cpu_has_native_bf16(classifier, eager_f
     # Forced on, so the bf16 package is loaded and checked on any CPU (emulated where not native).
     monkeypatch.setattr(model_loading, "cpu_has_native_bf16", lambda: True)
     bf16 = load_classifier_dir(classifier.model_dir)
-    assert (bf16.precision, bf16.runner) == ("bf16", "aot")
+    assert bf16.precision == "bf16" and bf16.runners["classifier"].precision == "bf16"
     for got, expected in zip(answers(bf16, photos), answers(eager_fp32, photos), strict=True):
         assert_same_answer(got, expected, "bf16")
 
@@ -129,4 +132,5 @@ def test_without_native_bf16_the_fp32_package_runs(classifier, monkeypatch):
     monkeypatch.setattr(model_loading, "cpu_has_native_bf16", lambda: False)
     fp32 = load_classifier_dir(classifier.model_dir)
     assert DEFAULT_CLASSIFIER.handler_options["precision"] == "bf16"
-    assert (fp32.precision, fp32.runner) == ("fp32", "aot")
+    assert fp32.precision == "fp32" and fp32.runners["classifier"].precision == "fp32"
+    assert fp32.runner != "eager" and fp32.runners["classifier"].cpu_kind in ("avx512", "avx2")

@@ -26,6 +26,19 @@ def test_compile_true_means_the_portable_cpu_target():
     assert parse_classifier_settings({**MINIMAL, "compile": asked}).compile == CompileSettings("avx512", 5.0)
 
 
+def test_compile_builds_every_engine_unless_told_and_the_archive_records_models_and_order():
+    assert CompileSettings().engines == ("aoti", "openvino", "onnxruntime")
+    only = parse_classifier_settings({**MINIMAL, "compile": {"engines": ["onnxruntime"]}})
+    assert only.compile is not None and only.compile.engines == ("onnxruntime",)
+    built = parse_classifier_settings({**MINIMAL, "engine_models": [
+        {"engine": "onnxruntime", "file": "compiled/model.onnx"}],
+        "runner_order": {"avx2": ["onnxruntime-fp32", "aoti-fp32"]}})
+    runners = built.archive_runners
+    assert runners.engine_file("onnxruntime") == "compiled/model.onnx"
+    assert runners.engine_file("openvino") is None
+    assert [str(name) for name in runners.order_table()["avx2"]] == ["onnxruntime-fp32", "aoti-fp32"]
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     ({"precision": "int3"}, "precision"),
     ({"top_k": 0}, "top_k"),
@@ -37,6 +50,13 @@ def test_compile_true_means_the_portable_cpu_target():
     ({"compile": {"cpu_target": "sse2"}}, "compile.cpu_target"),
     ({"compile": {"load_timeout_s": 0}}, "compile.load_timeout_s"),
     ({"compiled_packages": [{"file": "x.pt2"}]}, "compiled_packages"),
+    ({"compile": {"engines": []}}, "compile.engines"),
+    ({"compile": {"engines": ["tensorrt"]}}, "unknown engine 'tensorrt'"),
+    ({"compile": {"engines": ["aoti", "aoti"]}}, "names an engine twice"),
+    ({"compile": {"runner_order": {"avx2": ["onnxruntime-bf16"]}}}, "compile.runner_order"),
+    ({"runner_order": {"avx512_bf16": ["aoti-bf16"]}}, "needs an 'avx2' row"),
+    ({"engine_models": [{"engine": "aoti", "file": "m.pt2"}]}, "engine_models"),
+    ({"engine_models": [{"file": "m.onnx"}]}, "engine_models"),
     ({"limits": {"max_pixels": -1}}, "limits.max_pixels"),
 ])
 def test_bad_values_name_the_setting(extra, message):

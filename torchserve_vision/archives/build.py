@@ -3,7 +3,8 @@
 Each archive `<name>-<version>.mar` lands in the model store with the `handlers/` package, the
 class names and the handler's settings inside it, so it is self-contained. Weights are checked
 against the architecture before archiving; a classifier with `compile:` gets ahead-of-time
-compiled packages (see compile_ahead.py). Any problem stops the build with a BuildError.
+compiled models (AOTInductor packages: compile_ahead.py; OpenVINO and ONNX: engine_exports.py)
+and the order its workers try them in. Any problem stops the build with a BuildError.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import json
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ import yaml
 import handlers
 from handlers.model.compiled_model import COMPILED_DIRECTORY, CompiledPackage
 from handlers.model.model_loading import create_architecture, load_model, load_state_dict_model
+from handlers.model.runner_order import DEFAULT_RUNNER_ORDER, parse_runner_order
+from handlers.model.runner_selection import EngineModel
 from handlers.model.settings import (
     ModelSource,
     SettingsError,
@@ -31,6 +35,7 @@ from handlers.model.settings import (
 )
 from torchserve_vision.archives import ARCHIVER, BuildTarget
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
+from torchserve_vision.archives.engine_exports import export_engine_models
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
 from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
@@ -166,33 +171,57 @@ def compile_request(description: ModelDescription) -> CompileRequest | None:
                                                   "architecture": description.architecture}})
     size = parsed.input_size
     return CompileRequest(parsed.precision, settings.cpu_target, description.serving.batch_size,
-                          (3, size, size), parsed.channels_last, parsed.resize_size)
+                          (3, size, size), parsed.channels_last, parsed.resize_size, settings.engines)
 
 
-def compiled_packages(description: ModelDescription, request: CompileRequest | None,
-                      num_classes: int | None, weights: Path, directory: Path) -> list[CompiledPackage]:
-    """Build the packages `request` asks for into `directory` ([] for None)."""
+@dataclass(frozen=True)
+class CompiledModels:
+    """What the builder compiled into an archive, and the runner order it records."""
+
+    packages: tuple[CompiledPackage, ...] = ()
+    engine_models: tuple[EngineModel, ...] = ()
+    runner_order: dict[str, list[str]] | None = None
+
+
+def compiled_models(description: ModelDescription, request: CompileRequest | None,
+                    num_classes: int | None, weights: Path, directory: Path) -> CompiledModels:
+    """Build the models `request` asks for into `directory` (nothing for None), and the order
+    its workers walk: `compile.runner_order`, else the project's default, less the runners of
+    engines not built."""
     if request is None:
-        return []
+        return CompiledModels()
     model = load_model(model_source(description, num_classes), weights, torch.device("cpu"))
     try:
-        return compile_packages(model, request, directory)
-    except Exception as error:  # noqa: BLE001 - export and Inductor raise many kinds
+        packages = compile_packages(model, request, directory)
+        engine_models = export_engine_models(model, request.engines, request.input_shape_chw,
+                                             request.max_batch_size, directory)
+    except Exception as error:  # noqa: BLE001 - export, Inductor and the converters raise many kinds
         raise BuildError(f"{description.name}: ahead-of-time compilation failed: "
                          f"{type(error).__name__}: {error}") from None
+    settings = parse_compile(description.handler_options.get("compile"))
+    table = (settings.runner_order if settings and settings.runner_order
+             else parse_runner_order(DEFAULT_RUNNER_ORDER))
+    order = {kind: [str(name) for name in names if name.engine in request.engines]
+             for kind, names in table.items()}
+    return CompiledModels(tuple(packages), tuple(engine_models), order)
 
 
 # --- the archive --------------------------------------------------------------------------------
 def handler_section(description: ModelDescription, num_classes: int | None,
-                    packages: Sequence[CompiledPackage] = ()) -> dict[str, Any]:
+                    compiled: CompiledModels = CompiledModels()) -> dict[str, Any]:
     """The archive YAML's `handler:` section, validated with the handler's own parser."""
     section = dict(description.handler_options)
     section["model"] = {"source": description.source, "architecture": description.architecture,
                         "num_classes": num_classes, "kwargs": dict(description.builder_kwargs)}
     section["labels_file"] = "labels.json"
-    if packages:
+    if compiled.packages:
         section["compiled_packages"] = [{"file": package.file, "target": package.target.to_dict()}
-                                        for package in packages]
+                                        for package in compiled.packages]
+    if compiled.engine_models:
+        section["engine_models"] = [{"engine": model.engine, "file": model.file}
+                                    for model in compiled.engine_models]
+    if compiled.runner_order is not None:
+        section["runner_order"] = compiled.runner_order
     try:
         description.kind.parse_settings(section)
     except SettingsError as error:
@@ -226,9 +255,9 @@ def stage_files(description: ModelDescription, staging: Path, target: BuildTarge
     shutil.copytree(HANDLER_PACKAGE, extra / "handlers",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (extra / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
-    packages = compiled_packages(description, request, num_classes, weights, extra / COMPILED_DIRECTORY)
+    compiled = compiled_models(description, request, num_classes, weights, extra / COMPILED_DIRECTORY)
     model_yaml = {**frontend_settings(description),
-                  "handler": handler_section(description, num_classes, packages)}
+                  "handler": handler_section(description, num_classes, compiled)}
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
     return weights
 

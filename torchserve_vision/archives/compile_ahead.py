@@ -1,4 +1,5 @@
-"""Compile a classifier ahead of time with AOTInductor, for the archive builder.
+"""Compile a classifier ahead of time with AOTInductor, for the archive builder (the other engines'
+models: engine_exports.py).
 
 One `.pt2` package per precision the archive may run on a CPU (fp32 always; bf16 too when the
 model asks for it, for CPUs with native bf16), each with a dynamic batch dimension 1..max batch
@@ -35,6 +36,7 @@ class CompileRequest:
     input_shape_chw: tuple[int, int, int]
     channels_last: bool
     resize_size: int                # the classifier's resize before its centre crop (probe photos)
+    engines: tuple[str, ...] = ("aoti",)   # runner_order.ENGINES: what to build
 
 
 class AutocastForward(nn.Module):
@@ -100,10 +102,13 @@ def probe_photos(resize_size: int, input_size: int) -> torch.Tensor:
 
 def compile_packages(model: nn.Module, request: CompileRequest, directory: Path) -> list[CompiledPackage]:
     """Every package `request` asks for, written into `directory`, with the probe photos a worker
-    checks a package's answers on before it serves it (handlers.model.compiled_model.check_answers)."""
+    checks a compiled model's answers on before it serves it
+    (handlers.model.compiled_model.check_answers); none when `aoti` is not among its engines."""
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(probe_photos(request.resize_size, request.input_shape_chw[1]),
                directory.parent / PROBE_FILE)
+    if "aoti" not in request.engines:
+        return []
     model = model.eval()
     if request.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -55,7 +55,8 @@ def copy_stage(description: ModelDescription, role: str, mar_path: Path,
         for relative in [serialized, handler["labels_file"]]:
             (target / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(unpacked / relative, target / relative)
-        if handler.get("compiled_packages"):  # the packages and the probe photos they are checked on
+        if handler.get("compiled_packages") or handler.get("engine_models"):
+            # the compiled models and the probe photos they are checked on
             shutil.copytree(unpacked / COMPILED_DIRECTORY, target / COMPILED_DIRECTORY)
     return {"archive": mar_path.stem, "directory": f"stages/{role}", "serialized_file": serialized,
             "handler": handler}

@@ -30,6 +30,7 @@ from torchserve_vision.lab import (
     cascade_tradeoff,
     compare,
     compile_speed,
+    engines,
     loadgen,
     near_duplicates,
     precision_spread,
@@ -58,7 +59,7 @@ def register(commands: argparse._SubParsersAction, summary: str) -> None:
     parser = subcommand(commands, "lab", summary, DESCRIPTION)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_policies, add_compile_speed,
-                add_precision, add_startup, add_rollout_drill, add_plan,
+                add_engines, add_precision, add_startup, add_rollout_drill, add_plan,
                 add_rolling_update, add_cascade, add_cache, add_near_duplicates, add_protocols,
                 add_shadow):
         add(actions)
@@ -350,6 +351,29 @@ def run_compile_speed(args: argparse.Namespace) -> int:
         speed = compile_speed.measure_compile_speed(args.archive, args.threads, args.batch_sizes,
                                                     args.repeats, args.rounds)
     print(json.dumps(asdict(speed), indent=2) if args.json else speed.table())
+    return 0
+
+
+# --- engines ------------------------------------------------------------------------------------
+def add_engines(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "engines",
+                        "every runner of an archive (AOTInductor, OpenVINO, ONNX Runtime) in-process",
+                        engines.__doc__ or "", [json_flag()])
+    parser.add_argument("--archive", type=Path, default=paths.MODEL_STORE / "efficientnet_lite0-1.0.mar")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="default: the archive's torch_threads (what its workers run with)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.set_defaults(run=run_engines)
+
+
+def run_engines(args: argparse.Namespace) -> int:
+    figures = engines.measure_engines(args.archive, args.threads, args.batch_sizes, args.repeats,
+                                      args.rounds)
+    print(json.dumps({**asdict(figures), "measured_order": figures.measured_order(),
+                      "ratios_to_defaults": figures.ratios_to_defaults()}, indent=2)
+          if args.json else figures.table())
     return 0
 
 

@@ -127,10 +127,19 @@ def describe_lines(description: dict[str, Any]) -> list[str]:
     if isinstance(handler, dict):
         lines.append(f"  a worker's handler: {handler.get('device')}, {handler.get('precision')}")
         for role, runner in (handler.get("runners") or {}).items():
-            detail = (f"{runner.get('package')} ({runner.get('cpu_capability')}, {runner.get('precision')})"
-                      if "package" in runner else f"refused {runner.get('refused')}: {runner.get('reason')}"
-                      if "refused" in runner else "no compiled package")
-            lines.append(f"    {role}: {runner.get('runner')}, {detail}")
+            lines.extend(runner_lines(role, runner))
+    return lines
+
+
+def runner_lines(role: str, runner: dict[str, Any]) -> list[str]:
+    """One network's runner as a worker describes it: what serves, from which file, on which
+    CPU kind's order, then each runner refused on the way and why."""
+    served = runner.get("file") or "no compiled model serves"
+    kind = f", {runner['cpu_kind']} order" if "cpu_kind" in runner else ""
+    lines = [f"    {role}: {runner.get('runner')} ({served}{kind})"]
+    for refusal in runner.get("refused") or []:
+        lines.append(f"      refused {refusal.get('runner')} ({refusal.get('reason')}): "
+                     f"{refusal.get('message')}")
     return lines
 
 

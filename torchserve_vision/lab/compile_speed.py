@@ -36,14 +36,18 @@ def ms_per_batch(forward: Forward, batch: torch.Tensor, repeats: int) -> float:
 
 
 def best_ms_interleaved(forwards: dict[str, Forward], batches: dict[int, torch.Tensor], repeats: int,
-                        rounds: int) -> dict[str, dict[int, float]]:
+                        rounds: int, input_for: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+                        ) -> dict[str, dict[int, float]]:
     """name -> batch size -> the best ms per batch over `rounds`, each round timing every
-    forward at every batch size in turn, so that machine noise hits them all."""
+    forward at every batch size in turn, so that machine noise hits them all. `input_for(name,
+    batch)` gives a forward its batch in the layout it reads (made before any timing)."""
+    inputs = {(name, b): input_for(name, batch) if input_for else batch
+              for b, batch in batches.items() for name in forwards}
     timings: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
-        for b, batch in batches.items():
+        for b in batches:
             for name, forward in forwards.items():
-                timings.setdefault((name, b), []).append(ms_per_batch(forward, batch, repeats))
+                timings.setdefault((name, b), []).append(ms_per_batch(forward, inputs[(name, b)], repeats))
     return {name: {b: min(timings[(name, b)]) for b in batches} for name in forwards}
 
 

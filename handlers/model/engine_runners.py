@@ -1,0 +1,86 @@
+"""The archive's OpenVINO and ONNX Runtime models as runners: `float[B, 3, S, S]` torch batch in,
+`float[B, C]` logits out, on the CPU, with the worker's thread count.
+
+Both engines release the GIL while they compute, like the GIL-free AOTInductor package, so a
+worker's other threads (decode, the continuous batcher) go on. Neither pins threads to cores:
+workers share the machine's cores. The engines are imported only when an archive's order asks
+for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+OPENVINO_PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
+
+
+def numpy_input(batch: torch.Tensor) -> np.ndarray:
+    """A contiguous float32 NCHW array sharing memory with `batch` where it can. A channels-last
+    batch is copied by numpy, not torch: a parallel torch copy leaves torch's OpenMP threads
+    spinning on the cores the engine's threads are about to use."""
+    return np.ascontiguousarray(batch.detach().cpu().float().numpy())
+
+
+class OpenVinoRunner:
+    """An OpenVINO IR (`model.xml` + `model.bin`, converted by the archive builder) compiled for
+    the CPU at `precision` with `threads` inference threads, latency mode, one stream, no core
+    pinning; compiled blobs kept in `cache_dir` (None: no cache) so the next worker starts faster.
+    One inference request, behind a lock: a request object is not safe for concurrent use."""
+
+    def __init__(self, path: Path, precision: str, threads: int, cache_dir: Path | None) -> None:
+        import openvino
+
+        core = openvino.Core()
+        if cache_dir is not None:
+            core.set_property({"CACHE_DIR": str(cache_dir)})
+        config = {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION_HINTS[precision],
+                  "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
+                  "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
+        self.compiled = core.compile_model(str(path), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        with self.lock:
+            result = self.request.infer({0: numpy_input(batch)})
+            # The output buffer belongs to the request and is overwritten by its next call.
+            return torch.from_numpy(result[0].copy())
+
+
+class OnnxRuntimeRunner:
+    """An ONNX model in one ONNX Runtime session on the CPU provider with `threads` intra-op
+    threads (safe for concurrent calls)."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3   # warnings about unused initializers are not the user's
+        self.session = onnxruntime.InferenceSession(str(path), options,
+                                                    providers=["CPUExecutionProvider"])
+        self.input_name = self.session.get_inputs()[0].name
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        (logits,) = self.session.run(None, {self.input_name: numpy_input(batch)})
+        return torch.from_numpy(logits)
+
+
+def openvino_cache_dir(model_dir: Path) -> Path | None:
+    """`<model dir>/openvino-cache`, shared by the model's workers, or None where it cannot be
+    made (a read-only model directory: the model is then compiled at every start)."""
+    directory = model_dir / "openvino-cache"
+    try:
+        directory.mkdir(exist_ok=True)
+    except OSError as error:
+        logger.info("no OpenVINO model cache (%s): compiling at every worker start", error)
+        return None
+    return directory

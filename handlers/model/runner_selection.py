@@ -1,0 +1,193 @@
+"""Which runner serves a classifier on this worker: the first of the archive's order for this
+CPU's kind that this worker can run and whose answers pass the check, else the eager network.
+
+A candidate is skipped (not tried) when its precision is not one this worker may run (bf16 where
+the CPU has no native bf16, or the model did not ask for it) or when the archive has no model
+for it. A candidate that is tried and fails (a package built for another CPU, an engine that
+will not load in time, answers to the probe photos that the criterion of
+handlers.model.answer_agreement refuses at the runner's precision) is refused with its reason,
+logged, and the next one is tried. The eager network, always correct, serves when none passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from handlers.model.compiled_model import (
+    ChunkedRunner,
+    CompiledModelRefused,
+    CompiledPackage,
+    EagerModel,
+    MachineTarget,
+    Runner,
+    call_with_deadline,
+    check_answers,
+    load_aoti_package,
+    load_probe_photos,
+    package_for,
+)
+from handlers.model.engine_runners import OnnxRuntimeRunner, OpenVinoRunner, openvino_cache_dir
+from handlers.model.runner_order import (
+    DEFAULT_RUNNER_ORDER,
+    RunnerName,
+    cpu_kind,
+    order_for,
+    parse_runner_order,
+)
+
+logger = logging.getLogger(__name__)
+EAGER = "eager"
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """A model file for an engine other than AOTInductor (`openvino`: the IR's `.xml`, its `.bin`
+    beside it; `onnxruntime`: the `.onnx`), relative to the model directory."""
+
+    engine: str
+    file: str
+
+
+@dataclass(frozen=True)
+class ArchiveRunners:
+    """What an archive offers a CPU worker: AOTInductor packages, other engines' models, and the
+    preference order per CPU kind (runner_order; None: the project's DEFAULT_RUNNER_ORDER)."""
+
+    packages: tuple[CompiledPackage, ...] = ()
+    engine_models: tuple[EngineModel, ...] = ()
+    order: Mapping[str, tuple[RunnerName, ...]] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.packages or self.engine_models)
+
+    def order_table(self) -> Mapping[str, tuple[RunnerName, ...]]:
+        return self.order if self.order is not None else parse_runner_order(DEFAULT_RUNNER_ORDER)
+
+    def engine_file(self, engine: str) -> str | None:
+        return next((model.file for model in self.engine_models if model.engine == engine), None)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    runner: str
+    error: CompiledModelRefused
+
+
+@dataclass(frozen=True)
+class RunnerChoice:
+    """What serves a network: `runner` ("openvino-bf16", "aoti-fp32", ..., or "eager"), its file,
+    the CPU kind whose order was walked, and the candidates refused on the way."""
+
+    runner: str
+    precision: str
+    file: str | None = None
+    cpu_kind: str | None = None
+    refusals: tuple[Refusal, ...] = ()
+    package: CompiledPackage | None = None
+
+    @property
+    def computes_in_torch(self) -> bool:
+        """The eager network or an AOTInductor package (torch's threads compute), not another
+        engine (which computes on threads of its own)."""
+        return self.runner == EAGER or self.runner.startswith("aoti-")
+
+    def describe(self) -> dict[str, Any]:
+        """For logs, `models describe` and tests."""
+        described: dict[str, Any] = {"runner": self.runner, "precision": self.precision}
+        if self.file is not None:
+            described["file"] = self.file
+        if self.package is not None:
+            described["cpu_capability"] = self.package.target.cpu_capability
+        if self.cpu_kind is not None:
+            described["cpu_kind"] = self.cpu_kind
+        if self.refusals:
+            described["refused"] = [{"runner": refusal.runner, "reason": refusal.error.kind,
+                                     "message": str(refusal.error)} for refusal in self.refusals]
+        return described
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: RunnerName
+    file: str
+    package: CompiledPackage | None = None
+
+
+def candidates(runners: ArchiveRunners, machine: MachineTarget, kind: str) -> list[Candidate]:
+    """The order of `kind`, less the runners this worker may not run (precision) and those the
+    archive has no model for. An AOTInductor candidate is the richest package of its precision
+    whose target fits (package_for); one that fits none stays, to be refused with the reason."""
+    allowed_precisions = {"fp32", machine.precision}
+    found = []
+    for name in order_for(kind, runners.order_table()):
+        if name.precision not in allowed_precisions:
+            continue
+        if name.engine == "aoti":
+            if any(package.target.precision == name.precision for package in runners.packages):
+                found.append(Candidate(name, "", None))
+            continue
+        file = runners.engine_file(name.engine)
+        if file is not None:
+            found.append(Candidate(name, file))
+    return found
+
+
+def resolved(candidate: Candidate, runners: ArchiveRunners, machine: MachineTarget) -> Candidate:
+    """An AOTInductor candidate with its package: the richest of its precision whose target fits
+    this machine (CompiledModelRefused with the misfit otherwise); others as they are."""
+    if candidate.name.engine != "aoti":
+        return candidate
+    package = package_for(runners.packages, dataclasses.replace(machine, precision=candidate.name.precision))
+    return Candidate(candidate.name, package.file, package)
+
+
+def load_candidate(candidate: Candidate, model_dir: Path, device: str, threads: int) -> Runner:
+    """Load one resolved candidate (raises CompiledModelRefused("missing") without its file)."""
+    path = model_dir / candidate.file
+    if not path.is_file():
+        raise CompiledModelRefused("missing", f"{candidate.file} is not in the archive")
+    if candidate.package is not None:
+        return ChunkedRunner(load_aoti_package(path, device), candidate.package.target.max_batch_size)
+    if candidate.name.engine == "openvino":
+        return OpenVinoRunner(path, candidate.name.precision, threads, openvino_cache_dir(model_dir))
+    return OnnxRuntimeRunner(path, threads)
+
+
+def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarget, native_bf16: bool,
+                  eager: EagerModel, timeout_s: float, threads: int) -> tuple[Runner, RunnerChoice]:
+    """(runner, choice): the first candidate that loads within `timeout_s` and passes the check on
+    the archive's probe photos, else `eager.serve` (at the worker's precision) with every
+    refusal. An archive with no compiled models: eager, nothing refused."""
+    if machine.device != "cpu" or not runners:
+        reason = () if not runners else (Refusal("all", CompiledModelRefused(
+            "target", f"the archive's compiled models are for the CPU, this worker runs on "
+                      f"{machine.device}")),)
+        return eager.serve, RunnerChoice(EAGER, machine.precision, refusals=reason)
+    kind = cpu_kind(machine.cpu_capability, machine.cpu_features, native_bf16)
+    try:
+        probe = eager.model_input(load_probe_photos(model_dir))
+    except CompiledModelRefused as refusal:
+        return eager.serve, RunnerChoice(EAGER, machine.precision, None, kind, (Refusal("all", refusal),))
+    refusals: list[Refusal] = []
+    for candidate in candidates(runners, machine, kind):
+        try:
+            loaded = resolved(candidate, runners, machine)
+            runner = call_with_deadline(
+                functools.partial(load_candidate, loaded, model_dir, machine.device, threads), timeout_s)
+            check_answers(runner, eager.fp32, probe, candidate.name.precision)
+        except CompiledModelRefused as refusal:
+            logger.warning("runner %s refused (%s): %s", candidate.name, refusal.kind, refusal)
+            refusals.append(Refusal(str(candidate.name), refusal))
+            continue
+        return runner, RunnerChoice(str(candidate.name), candidate.name.precision, loaded.file, kind,
+                                    tuple(refusals), loaded.package)
+    if refusals:
+        logger.warning("every compiled runner was refused: serving the eager model")
+    return eager.serve, RunnerChoice(EAGER, machine.precision, None, kind, tuple(refusals))
+

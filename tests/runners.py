@@ -1,0 +1,40 @@
+"""What the archive's runner order says a CPU worker here serves first, for the tests that
+check it does (handlers/model/runner_selection.py)."""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from handlers.model.compiled_model import MachineTarget
+from handlers.model.model_loading import cpu_has_native_bf16, effective_precision
+from handlers.model.runner_order import cpu_kind
+from handlers.model.runner_selection import candidates
+from handlers.model.settings import parse_classifier_settings
+
+
+def first_runner_here(handler_section: Mapping[str, Any]) -> str:
+    """The first runner of a classifier's order (its archive YAML's `handler:` section) that
+    this CPU may run and the archive has a model for."""
+    settings = parse_classifier_settings(handler_section)
+    native_bf16 = cpu_has_native_bf16()
+    cpu = torch.device("cpu")
+    machine = MachineTarget.here(cpu, effective_precision(settings.precision, cpu, native_bf16))
+    kind = cpu_kind(machine.cpu_capability, machine.cpu_features, native_bf16)
+    return str(candidates(settings.archive_runners, machine, kind)[0].name)
+
+
+def classifier_sections(mar: Path) -> dict[str, Mapping[str, Any]]:
+    """Network role -> `handler:` section, for a classifier archive ("classifier") or each
+    classifier stage of a pipeline archive."""
+    with zipfile.ZipFile(mar) as archive:
+        handler = yaml.safe_load(archive.read("model-config.yaml"))["handler"]
+    if "stages" not in handler:
+        return {"classifier": handler}
+    return {role: stage["handler"] for role, stage in handler["stages"].items()
+            if "compiled_packages" in stage["handler"] or "engine_models" in stage["handler"]}

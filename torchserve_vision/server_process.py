@@ -180,15 +180,28 @@ def ping(instance: TorchServeInstance) -> bool:
     return instance.client(timeout_s=2.0).ping()
 
 
+def archives_loaded_at_start(instance: TorchServeInstance, model_store: Path) -> list[Path]:
+    """The archives `load_models=` names (every archive of the store for `all`)."""
+    value = read_properties(instance.config_path).get("load_models", "").strip()
+    if value.lower() == "all":
+        return list(model_store.glob("*.mar"))
+    return [model_store / name.strip() for name in value.split(",") if name.strip()]
+
+
 def expected_model_count(instance: TorchServeInstance, model_store: Path) -> int:
     """Models loaded at start: TorchServe lists two versions of one model (a candidate loaded
     beside the served version) as one model."""
-    value = read_properties(instance.config_path).get("load_models", "").strip()
-    if value.lower() == "all":
-        archives = list(model_store.glob("*.mar"))
-    else:
-        archives = [model_store / name.strip() for name in value.split(",") if name.strip()]
-    return len({model_name_of(archive) for archive in archives})
+    return len({model_name_of(archive) for archive in archives_loaded_at_start(instance, model_store)})
+
+
+def check_archives_present(instance: TorchServeInstance, model_store: Path) -> None:
+    """ServerError naming the archives `load_models=` asks for that the store lacks: TorchServe
+    would start without them and never become healthy."""
+    missing = [archive.name for archive in archives_loaded_at_start(instance, model_store)
+               if not archive.is_file()]
+    if missing:
+        raise ServerError(f"{model_store} lacks {', '.join(missing)} (load_models= of "
+                          f"{instance.config_path}): build them first, e.g. `torchserve-vision build`")
 
 
 def model_name_of(archive: Path) -> str:
@@ -214,13 +227,16 @@ def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_
 
 def start(instance: TorchServeInstance, model_store: Path | None = None,
           timeout_s: float = 180.0, wait: bool = True, cancelled: threading.Event | None = None) -> None:
-    """Start TorchServe with the instance's config (`--ncs`: no snapshot restore) and wait for /ping."""
+    """Start TorchServe with the instance's config (`--ncs`: no snapshot restore) and wait until it
+    is healthy; ServerError before starting when the store lacks an archive `load_models=` names,
+    and after stopping it again when it does not become healthy within `timeout_s`."""
     instance.tmp_dir.mkdir(parents=True, exist_ok=True)
     instance.log_dir.mkdir(parents=True, exist_ok=True)
     if len(str(instance.tmp_dir / ".ts.sock.65535").encode()) > MAX_SOCKET_PATH:
         raise ServerError(f"the run directory {instance.run_dir} is too deep for worker sockets "
                           f"(Unix socket paths have at most {MAX_SOCKET_PATH} bytes): use a shorter one")
     store = model_store or configured_model_store(instance.config_path)
+    check_archives_present(instance, store)
     extra = ["--start", "--ncs", "--ts-config", str(write_effective_config(instance, store)),
              "--model-store", str(store.resolve())]
     if instance.log_config is not None:
@@ -245,7 +261,11 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
                  else "\n" + output_path.read_text(errors="replace")[-2000:])
         raise ServerError(f"torchserve --start failed ({result.returncode}): {where}")
     if wait:
-        wait_until_healthy(instance, timeout_s, expected_model_count(instance, store), cancelled)
+        try:
+            wait_until_healthy(instance, timeout_s, expected_model_count(instance, store), cancelled)
+        except ServerError:
+            stop(instance)      # a server that never became healthy is not left running
+            raise
 
 
 def drain(instance: TorchServeInstance, timeout_s: float, grace_s: float) -> bool:

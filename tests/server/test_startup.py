@@ -6,6 +6,7 @@ were compiled for another target, refused by the worker and served eagerly inste
 from __future__ import annotations
 
 import re
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -18,9 +19,11 @@ from tests.runners import classifier_sections, first_runner_here
 from tests.server.http_client import post_image
 from tests.server.logs import wait_for_log
 from torchserve_vision import paths
+from torchserve_vision.lab.echo_archive import ECHO, build_echo_archive
 from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.rollout import wait_for_workers
-from torchserve_vision.server_process import TorchServeInstance
+from torchserve_vision.server_process import ServerError, TorchServeInstance, instance_for, ping, start
+from torchserve_vision.torchserve_config import read_properties, render_properties, server_config
 
 pytestmark = pytest.mark.server
 READY_LINE = re.compile(r"worker ready model=(\S+) version=(\S+) device=\S+ runner=(\S+) .*"
@@ -150,3 +153,22 @@ def test_every_archive_serves_the_first_runner_of_its_order_on_this_cpu(server, 
     finally:
         for description in registered:
             client.unregister(description.name, description.version)
+
+
+def test_a_server_that_is_not_healthy_in_time_is_stopped_again(tmp_path):
+    """`server start`'s wait runs out (here after 1 s, before the echo worker is up): the
+    command fails and leaves no TorchServe behind."""
+    store = tmp_path / "store"
+    store.mkdir()
+    archive = build_echo_archive(store, ECHO)
+    config = server_config(tmp_path / "config", store, paths.DEVELOPMENT_CONFIG, load_models=archive)
+    properties = read_properties(config)
+    del properties["models"]            # the echo archive's own settings
+    config.write_text(render_properties(properties))
+    instance = instance_for(config, tmp_path / "run")
+    with pytest.raises(ServerError, match="to be healthy"):
+        start(instance, store, timeout_s=1)
+    assert not ping(instance)
+    running = subprocess.run(["pgrep", "-f", str(instance.effective_config)], capture_output=True,
+                             check=False)
+    assert running.returncode == 1, running.stdout    # no process runs with this instance's config

@@ -9,7 +9,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from torchserve_vision.server_process import stop_handler
+import pytest
+
+from torchserve_vision.server_process import ServerError, instance_for, start, stop_handler
 
 
 class NestedSignalEvent(threading.Event):
@@ -54,3 +56,16 @@ def test_two_real_signals_set_the_stop_event():
         assert stop.wait(5)
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_start_names_the_archives_the_store_lacks_before_starting_anything(tmp_path):
+    config = tmp_path / "config.properties"
+    config.write_text("inference_address=http://127.0.0.1:1\nmanagement_address=http://127.0.0.1:2\n"
+                      "metrics_address=http://127.0.0.1:3\nload_models=present.mar,absent-1.0.mar\n")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "present.mar").write_bytes(b"")
+    instance = instance_for(config, tmp_path / "run")
+    with pytest.raises(ServerError, match=r"lacks absent-1\.0\.mar .*torchserve-vision build"):
+        start(instance, store, timeout_s=1)
+    assert not (tmp_path / "run" / "torchserve.out").exists()    # TorchServe was never started

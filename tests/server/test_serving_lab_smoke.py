@@ -101,7 +101,10 @@ def test_shadow_lab_agrees_offline_and_online_and_leaves_no_candidate(lab_server
                     "--metrics-url", lab_server.metrics_url]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["photos"] > 20 and 0 < result["online_agreement"] <= 1
-    assert result["online_agreement"] == pytest.approx(result["offline_agreement"], abs=1e-9)
+    # At most one image apart: with OpenVINO bf16 serving, one of the 26 images (17 of which have
+    # a top-1 margin under bf16's bound; grass.png's is 0.001) was seen answered differently by
+    # the served worker and in-process (24 vs 25 agreeing); exact with the AOTInductor package.
+    assert abs(result["online_agreement"] - result["offline_agreement"]) <= 1 / result["photos"] + 1e-9
     assert [row["percent"] for row in result["cost"]] == [0, 50]
     assert all(row["errors"] == {} and row["served_rps"] > 0 for row in result["cost"])
     assert result["cost"][0]["compared"] == 0 and result["cost"][1]["compared"] > 0

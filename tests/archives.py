@@ -19,7 +19,7 @@ from torchserve_vision.lab.local_handler import archive_context, extract_archive
 from torchserve_vision.model_descriptions import ModelDescription
 
 __all__ = ["archive_context", "extract_archive", "load_classifier", "load_classifier_dir",
-           "load_detector", "stage_model_dir"]
+           "load_detector", "photo_answers", "stage_model_dir"]
 
 Handler = TypeVar("Handler", bound=BatchedImageHandler[Any, Any, Any, Any])
 
@@ -69,3 +69,13 @@ def load_detector(model_dir: Path, batch_size: int = 4) -> ObjectDetectorHandler
 def load_classifier_dir(model_dir: Path, batch_size: int = 8, metrics: Any = None) -> ImageClassifierHandler:
     """A classifier from a staged (not zipped) model directory; see `stage_model_dir`."""
     return initialized(ImageClassifierHandler(), model_dir, batch_size, metrics)
+
+
+def photo_answers(handler: ImageClassifierHandler, photos: list[str]) -> list[list[dict]]:
+    """The handler's answers to scikit-image's `photos`, sent as one batch; every one a 200."""
+    from tests.images import photo_bytes
+
+    context = archive_context(handler.model_dir, request_headers=[{} for _ in photos])
+    bodies = handler.handle([{"body": bytearray(photo_bytes(name))} for name in photos], context)
+    assert all(context.status(index) == 200 for index in range(len(photos)))
+    return [json.loads(body) for body in bodies]

@@ -288,9 +288,9 @@ def load_probe_photos(model_dir: Path) -> torch.Tensor:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def check_answers(compiled: Runner, reference: Runner, probe: torch.Tensor, precision: str) -> None:
+def check_answers(compiled: Runner, reference: Runner, probe: torch.Tensor, *precisions: str) -> None:
     """CompiledModelRefused("wrong_output") unless the compiled model's answer to every probe photo
-    agrees with the fp32 eager model's within what `precision` allows
+    agrees with the fp32 eager model's within what `precisions` allow (the loosest)
     (handlers.model.answer_agreement: the criterion the tests use too). A package that fails to run
     on the probe is refused as well."""
     with torch.inference_mode():
@@ -303,7 +303,7 @@ def check_answers(compiled: Runner, reference: Runner, probe: torch.Tensor, prec
     if got.shape != expected.shape:
         raise CompiledModelRefused("wrong_output", f"output shape {tuple(got.shape)}, "
                                                    f"eager {tuple(expected.shape)}")
-    bound = probability_bound(precision)
+    bound = probability_bound(*precisions)
     for photo, (row, expected_row) in enumerate(zip(got.softmax(dim=1), expected, strict=True)):
         reason = answer_disagreement(top_classes(row, PROBE_TOP_K),
                                      top_classes(expected_row, PROBE_TOP_K), bound)

@@ -30,7 +30,8 @@ def numpy_input(batch: torch.Tensor) -> np.ndarray:
 
 class OpenVinoRunner:
     """An OpenVINO IR (`model.xml` + `model.bin`, converted by the archive builder) compiled for
-    the CPU at `precision` with `threads` inference threads, latency mode, one stream, no core
+    the CPU with its float layers at `precision` (fp32 | bf16; an int8 IR's quantized layers
+    compute in int8 whatever it is) with `threads` inference threads, latency mode, one stream, no core
     pinning; compiled blobs kept in `cache_dir` (None: no cache) so the next worker starts faster.
     One inference request, behind a lock: a request object is not safe for concurrent use."""
 

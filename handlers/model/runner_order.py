@@ -3,10 +3,12 @@ kind that the archive records (pure; no engine is imported here).
 
 A runner is an engine at a precision, named `<engine>-<precision>`: `aoti-bf16` (the archive's
 AOTInductor package), `openvino-bf16` (its OpenVINO model compiled at worker start with that
-inference precision), `onnxruntime-fp32`. The order is fixed when the archive is built, from lab
-figures (`torchserve-vision lab engines` prints the order its measurements give on the CPU at
-hand); a worker never times anything. It walks the order of its CPU's kind and serves the first
-runner it can run whose answers pass the check (handlers/model/runner_selection.py).
+inference precision), `onnxruntime-fp32`, `openvino-int8` (the archive's int8 OpenVINO model,
+quantized and gated at build time; its layers left in float compute at the worker's precision).
+The order is fixed when the archive is built, from lab figures (`torchserve-vision lab engines`
+prints the order its measurements give on the CPU at hand); a worker never times anything. It
+walks the order of its CPU's kind and serves the first runner it can run whose answers pass the
+check (handlers/model/runner_selection.py).
 """
 
 from __future__ import annotations
@@ -18,23 +20,36 @@ from typing import Literal, get_args
 Engine = Literal["aoti", "openvino", "onnxruntime"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 # What each engine does well on a CPU: bf16 only where it is native (AVX512-BF16 or AMX); ONNX
-# Runtime's CPU provider computes fp32 (it has no bf16 convolutions).
+# Runtime's CPU provider computes fp32 (it has no bf16 convolutions); int8 from OpenVINO's own
+# quantized model (any x86-64 CPU: VNNI where there is one).
 ENGINE_PRECISIONS: Mapping[str, tuple[str, ...]] = {
-    "aoti": ("fp32", "bf16"), "openvino": ("fp32", "bf16"), "onnxruntime": ("fp32",)}
+    "aoti": ("fp32", "bf16"), "openvino": ("fp32", "bf16", "int8"), "onnxruntime": ("fp32",)}
+# The weights an engine's model file holds: fp32 (compiled at worker start at fp32 or bf16) or
+# int8 (quantized by the builder).
+ENGINE_WEIGHTS = ("fp32", "int8")
+
+
+def weights_for(precision: str) -> str:
+    """The weights of the model file a runner at `precision` loads."""
+    return "int8" if precision == "int8" else "fp32"
 
 CpuKind = Literal["amx", "avx512_bf16", "avx512", "avx2"]
 # The kind a missing entry of an order table falls back to: the next lesser CPU.
 LESSER_KIND: Mapping[str, str] = {"amx": "avx512_bf16", "avx512_bf16": "avx512", "avx512": "avx2"}
 
-# Measured with `torchserve-vision lab engines` (docs/benchmarks.md, "Engines"), EfficientNet-Lite0
-# at the worker's 1 thread, batch 1 and 8, on a 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX):
-# OpenVINO bf16 1.53x / 1.06x the AOTInductor bf16 package (the same order at 2 threads); in fp32
-# ONNX Runtime 1.58x / 1.45x the fp32 package and 1.08x / 1.07x OpenVINO f32. The avx2 row is the
-# order of a run with torch held to AVX2 there (the engines' own kernels cannot be held to AVX2 on
-# a bigger CPU); amx and avx512 use the row below them until measured on such a CPU.
+# Measured with `torchserve-vision lab engines` (docs/benchmarks.md, "Engines" and "int8"),
+# EfficientNet-Lite0 at the worker's 1 thread, batch 1 and 8, on a 2-core AMD EPYC Zen 4
+# (AVX512-BF16, VNNI, no AMX): OpenVINO int8 (7-bit weights) 1.38x / 1.29x OpenVINO bf16, which
+# is 1.53x / 1.06x the AOTInductor bf16 package (the same order at 2 threads); in fp32 ONNX
+# Runtime 1.58x / 1.45x the fp32 package and 1.08x / 1.07x OpenVINO f32. The avx2 row is the order
+# of a run held to AVX2 there (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2: torch's and
+# OpenVINO's kernels; ONNX Runtime's cannot be held): int8 1.29x / 1.29x ONNX Runtime fp32. An
+# int8 runner is tried only where the archive has its model (compile.int8, past its gate). amx and
+# avx512 use the row below them until measured on such a CPU.
 DEFAULT_RUNNER_ORDER: Mapping[str, tuple[str, ...]] = {
-    "avx512_bf16": ("openvino-bf16", "aoti-bf16", "onnxruntime-fp32", "openvino-fp32", "aoti-fp32"),
-    "avx2": ("onnxruntime-fp32", "openvino-fp32", "aoti-fp32"),
+    "avx512_bf16": ("openvino-int8", "openvino-bf16", "aoti-bf16", "onnxruntime-fp32",
+                    "openvino-fp32", "aoti-fp32"),
+    "avx2": ("openvino-int8", "onnxruntime-fp32", "openvino-fp32", "aoti-fp32"),
 }
 
 

@@ -39,6 +39,7 @@ from handlers.model.runner_order import (
     cpu_kind,
     order_for,
     parse_runner_order,
+    weights_for,
 )
 
 logger = logging.getLogger(__name__)
@@ -48,10 +49,12 @@ EAGER = "eager"
 @dataclass(frozen=True)
 class EngineModel:
     """A model file for an engine other than AOTInductor (`openvino`: the IR's `.xml`, its `.bin`
-    beside it; `onnxruntime`: the `.onnx`), relative to the model directory."""
+    beside it; `onnxruntime`: the `.onnx`), relative to the model directory, with the weights it
+    holds (runner_order.ENGINE_WEIGHTS)."""
 
     engine: str
     file: str
+    weights: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,11 @@ class ArchiveRunners:
     def order_table(self) -> Mapping[str, tuple[RunnerName, ...]]:
         return self.order if self.order is not None else parse_runner_order(DEFAULT_RUNNER_ORDER)
 
-    def engine_file(self, engine: str) -> str | None:
-        return next((model.file for model in self.engine_models if model.engine == engine), None)
+    def engine_file(self, engine: str, precision: str) -> str | None:
+        """The file of `engine`'s model a runner at `precision` loads, or None."""
+        weights = weights_for(precision)
+        return next((model.file for model in self.engine_models
+                     if model.engine == engine and model.weights == weights), None)
 
 
 @dataclass(frozen=True)
@@ -122,8 +128,9 @@ class Candidate:
 def candidates(runners: ArchiveRunners, machine: MachineTarget, kind: str) -> list[Candidate]:
     """The order of `kind`, less the runners this worker may not run (precision) and those the
     archive has no model for. An AOTInductor candidate is the richest package of its precision
-    whose target fits (package_for); one that fits none stays, to be refused with the reason."""
-    allowed_precisions = {"fp32", machine.precision}
+    whose target fits (package_for); one that fits none stays, to be refused with the reason.
+    int8 is allowed wherever the archive has an int8 model: the builder's gate let it in."""
+    allowed_precisions = {"fp32", machine.precision, "int8"}
     found = []
     for name in order_for(kind, runners.order_table()):
         if name.precision not in allowed_precisions:
@@ -132,7 +139,7 @@ def candidates(runners: ArchiveRunners, machine: MachineTarget, kind: str) -> li
             if any(package.target.precision == name.precision for package in runners.packages):
                 found.append(Candidate(name, "", None))
             continue
-        file = runners.engine_file(name.engine)
+        file = runners.engine_file(name.engine, name.precision)
         if file is not None:
             found.append(Candidate(name, file))
     return found
@@ -147,15 +154,22 @@ def resolved(candidate: Candidate, runners: ArchiveRunners, machine: MachineTarg
     return Candidate(candidate.name, package.file, package)
 
 
-def load_candidate(candidate: Candidate, model_dir: Path, device: str, threads: int) -> Runner:
+def float_precision(runner_precision: str, worker_precision: str) -> str:
+    """The precision a runner's float layers compute at: an int8 model's unquantized layers at
+    the worker's precision (bf16 where it is native), others at their own."""
+    return worker_precision if runner_precision == "int8" else runner_precision
+
+
+def load_candidate(candidate: Candidate, model_dir: Path, machine: MachineTarget, threads: int) -> Runner:
     """Load one resolved candidate (raises CompiledModelRefused("missing") without its file)."""
     path = model_dir / candidate.file
     if not path.is_file():
         raise CompiledModelRefused("missing", f"{candidate.file} is not in the archive")
     if candidate.package is not None:
-        return ChunkedRunner(load_aoti_package(path, device), candidate.package.target.max_batch_size)
+        return ChunkedRunner(load_aoti_package(path, machine.device), candidate.package.target.max_batch_size)
     if candidate.name.engine == "openvino":
-        return OpenVinoRunner(path, candidate.name.precision, threads, openvino_cache_dir(model_dir))
+        return OpenVinoRunner(path, float_precision(candidate.name.precision, machine.precision),
+                              threads, openvino_cache_dir(model_dir))
     return OnnxRuntimeRunner(path, threads)
 
 
@@ -179,8 +193,8 @@ def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarg
         try:
             loaded = resolved(candidate, runners, machine)
             runner = call_with_deadline(
-                functools.partial(load_candidate, loaded, model_dir, machine.device, threads), timeout_s)
-            check_answers(runner, eager.fp32, probe, candidate.name.precision)
+                functools.partial(load_candidate, loaded, model_dir, machine, threads), timeout_s)
+            check_answers(runner, eager.fp32, probe, candidate.name.precision, machine.precision)
         except CompiledModelRefused as refusal:
             logger.warning("runner %s refused (%s): %s", candidate.name, refusal.kind, refusal)
             refusals.append(Refusal(str(candidate.name), refusal))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from handlers.model.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
-from handlers.model.runner_order import ENGINES, RunnerName, parse_runner_order
+from handlers.model.runner_order import ENGINE_WEIGHTS, ENGINES, RunnerName, parse_runner_order
 from handlers.model.runner_selection import ArchiveRunners, EngineModel
 from handlers.request.request_options import fraction_of
 from handlers.task.detection import DetectionOptions
@@ -70,6 +70,19 @@ class CompileSettings:
     load_timeout_s: float = DEFAULT_COMPILED_LOAD_TIMEOUT_S
     engines: tuple[str, ...] = ENGINES
     runner_order: Mapping[str, tuple[RunnerName, ...]] | None = None
+    int8: Int8Settings | None = None       # an int8 OpenVINO model too (None: not built)
+
+
+@dataclass(frozen=True)
+class Int8Settings:
+    """`compile.int8`: the builder quantizes the OpenVINO model to int8 (post-training, calibrated
+    on `calibration_images` variants of real photos) and keeps it only when its top-1 agrees with
+    the fp32 model's on at least `min_agreement` of `gate_images` variants of other photos
+    (torchserve_vision/archives/int8_quantization.py)."""
+
+    min_agreement: float = 0.96
+    calibration_images: int = 300
+    gate_images: int = 300
 
 
 @dataclass(frozen=True)
@@ -219,18 +232,43 @@ def parse_compile(value: Any) -> CompileSettings | None:
                             f"({', '.join(CPU_TARGETS)}), 'load_timeout_s', 'engines' and "
                             f"'runner_order'; got {value!r} (a worker never runs torch.compile: "
                             "models are built ahead of time)")
-    unknown = set(value) - {"cpu_target", "load_timeout_s", "engines", "runner_order"}
+    unknown = set(value) - {"cpu_target", "load_timeout_s", "engines", "runner_order", "int8"}
     if unknown:
         raise SettingsError(f"unknown 'compile' settings: {sorted(unknown)}")
     timeout = value.get("load_timeout_s", DEFAULT_COMPILED_LOAD_TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise SettingsError(f"'compile.load_timeout_s' must be a positive number, got {timeout!r}")
+    engines = parse_engines(value.get("engines", list(ENGINES)))
+    int8 = parse_int8(value.get("int8"))
+    if int8 is not None and "openvino" not in engines:
+        raise SettingsError("'compile.int8' quantizes the OpenVINO model: add 'openvino' to "
+                            f"'compile.engines' ({list(engines)})")
     return CompileSettings(
         cpu_target=_choice(value.get("cpu_target", "avx2"), "compile.cpu_target", CpuTargetName),
         load_timeout_s=float(timeout),
-        engines=parse_engines(value.get("engines", list(ENGINES))),
+        engines=engines,
         runner_order=parse_order(value.get("runner_order"), "compile.runner_order"),
+        int8=int8,
     )
+
+
+def parse_int8(value: Any) -> Int8Settings | None:
+    """`compile.int8`: false / absent (none), true (the defaults), or a mapping of Int8Settings."""
+    if value in (None, False):
+        return None
+    if value is True:
+        return Int8Settings()
+    if not isinstance(value, Mapping) or set(value) - {"min_agreement", "calibration_images", "gate_images"}:
+        raise SettingsError(f"'compile.int8' must be true, false or a mapping with 'min_agreement' "
+                            f"(0..1), 'calibration_images' and 'gate_images'; got {value!r}")
+    agreement = value.get("min_agreement", Int8Settings.min_agreement)
+    if isinstance(agreement, bool) or not isinstance(agreement, (int, float)) or not 0 <= agreement <= 1:
+        raise SettingsError(f"'compile.int8.min_agreement' must be a share from 0 to 1, got {agreement!r}")
+    return Int8Settings(
+        float(agreement),
+        _positive_int(value.get("calibration_images", Int8Settings.calibration_images),
+                      "compile.int8.calibration_images"),
+        _positive_int(value.get("gate_images", Int8Settings.gate_images), "compile.int8.gate_images"))
 
 
 def parse_engines(value: Any) -> tuple[str, ...]:
@@ -259,16 +297,21 @@ def parse_order(value: Any, where: str) -> Mapping[str, tuple[RunnerName, ...]] 
 
 
 def parse_engine_models(value: Any) -> tuple[EngineModel, ...]:
-    """`engine_models` (written by the archive builder): [{engine, file}, ...]."""
+    """`engine_models` (written by the archive builder): [{engine, file, weights}, ...]
+    (`weights` fp32 when absent)."""
     if value is None:
         return ()
     try:
-        models = tuple(EngineModel(str(entry["engine"]), str(entry["file"])) for entry in value)
-    except (KeyError, TypeError) as error:
+        models = tuple(EngineModel(str(entry["engine"]), str(entry["file"]),
+                                   str(entry.get("weights", "fp32"))) for entry in value)
+    except (KeyError, TypeError, AttributeError) as error:
         raise SettingsError(f"'engine_models' is malformed: {error!r}") from None
     for model in models:
         if model.engine not in ENGINES or model.engine == "aoti":
             raise SettingsError(f"'engine_models' has unknown engine {model.engine!r}")
+        if model.weights not in ENGINE_WEIGHTS:
+            raise SettingsError(f"'engine_models' has unknown weights {model.weights!r} "
+                                f"({list(ENGINE_WEIGHTS)})")
     return models
 
 

@@ -207,8 +207,11 @@ def test_the_default_classifier_archive_holds_compiled_packages_and_the_timeouts
     engine_models = {model["engine"]: model["file"] for model in model_yaml["handler"]["engine_models"]}
     assert engine_models == {"openvino": "compiled/model-openvino.xml", "onnxruntime": "compiled/model.onnx"}
     assert {*engine_models.values(), "compiled/model-openvino.bin", "compiled/probe-photos.pt"} <= names
-    assert model_yaml["handler"]["runner_order"] == {kind: list(order)
-                                                     for kind, order in DEFAULT_RUNNER_ORDER.items()}
+    # No int8 model (compile.int8 is not set): the order leaves its runner out.
+    assert "int8_gate" not in model_yaml["handler"]
+    assert model_yaml["handler"]["runner_order"] == {
+        kind: [name for name in order if name != "openvino-int8"]
+        for kind, order in DEFAULT_RUNNER_ORDER.items()}
 
 
 def test_an_archive_built_for_some_engines_holds_only_their_models_and_orders_only_them(tmp_path):
@@ -222,7 +225,8 @@ def test_an_archive_built_for_some_engines_holds_only_their_models_and_orders_on
     model_dir = stage_model_dir(description, tmp_path)
     handler_yaml = yaml.safe_load((model_dir / "model-config.yaml").read_text())["handler"]
     assert "compiled_packages" not in handler_yaml
-    assert handler_yaml["engine_models"] == [{"engine": "onnxruntime", "file": "compiled/model.onnx"}]
+    assert handler_yaml["engine_models"] == [
+        {"engine": "onnxruntime", "file": "compiled/model.onnx", "weights": "fp32"}]
     assert set(handler_yaml["runner_order"]["avx2"]) == {"onnxruntime-fp32"}
     compiled = sorted(path.name for path in (model_dir / "compiled").iterdir())
     assert compiled == ["model.onnx", "probe-photos.pt"]

@@ -12,13 +12,16 @@ from handlers.model.runner_order import (
     order_to_yaml,
     parse_runner_name,
     parse_runner_order,
+    weights_for,
 )
 
 
 def test_runner_names_round_trip_and_unknown_ones_say_what_exists():
     assert parse_runner_name("openvino-bf16") == RunnerName("openvino", "bf16")
     assert str(parse_runner_name("onnxruntime-fp32")) == "onnxruntime-fp32"
-    for bad in ("onnxruntime-bf16", "tensorrt-fp16", "openvino", "aoti-int4"):
+    assert parse_runner_name("openvino-int8") == RunnerName("openvino", "int8")
+    for bad in ("onnxruntime-bf16", "tensorrt-fp16", "openvino", "aoti-int4", "aoti-int8",
+                "onnxruntime-int8"):
         with pytest.raises(ValueError, match=r"runners are .*aoti-fp32"):
             parse_runner_name(bad)
 
@@ -38,7 +41,7 @@ def test_the_default_table_parses_and_round_trips():
     parsed = parse_runner_order(DEFAULT_RUNNER_ORDER)
     assert order_to_yaml(parsed) == {kind: list(names) for kind, names in DEFAULT_RUNNER_ORDER.items()}
     # bf16 runners only where bf16 is native: the avx2 row would never run them.
-    assert all(name.precision == "fp32" for name in parsed["avx2"])
+    assert all(name.precision != "bf16" for name in parsed["avx2"])
 
 
 @pytest.mark.parametrize(("capability", "features", "native_bf16", "kind"), [
@@ -59,3 +62,8 @@ def test_a_kind_without_a_row_walks_down_to_the_nearest_lesser_one():
     assert order_for("amx", table) == (RunnerName("openvino", "bf16"),)
     assert order_for("avx512", table) == (RunnerName("onnxruntime", "fp32"),)
     assert order_for("avx2", table) == (RunnerName("onnxruntime", "fp32"),)
+
+
+def test_only_an_int8_runner_loads_int8_weights():
+    assert weights_for("int8") == "int8"
+    assert weights_for("fp32") == weights_for("bf16") == "fp32"

@@ -6,7 +6,6 @@ logged and counted."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import zipfile
 from pathlib import Path
@@ -20,10 +19,9 @@ from handlers.model import model_loading
 from handlers.model.compiled_model import CompiledPackage, CompileTarget, MachineTarget
 from handlers.model.engine_runners import OpenVinoRunner
 from handlers.model.runner_order import parse_runner_order
-from handlers.model.runner_selection import ArchiveRunners, EngineModel, candidates
+from handlers.model.runner_selection import ArchiveRunners, EngineModel, candidates, float_precision
 from tests.answers import assert_same_answer
-from tests.archives import archive_context, load_classifier_dir
-from tests.images import photo_bytes
+from tests.archives import load_classifier_dir, photo_answers
 from tests.recording_metrics import RecordingMetrics
 
 TARGET = CompileTarget("2.14.1", "cpu", "AVX2", "fp32", 8, (3, 224, 224), True)
@@ -63,6 +61,22 @@ def test_runners_the_archive_has_no_model_for_are_skipped():
     assert names(only_onnx, BF16_MACHINE, "avx2") == ["onnxruntime-fp32"]
 
 
+def test_an_int8_model_is_a_candidate_on_every_cpu_and_only_where_the_archive_has_one():
+    # The builder's gate let it in; its float layers run at the worker's precision.
+    int8 = EngineModel("openvino", "compiled/model-openvino-int8.xml", "int8")
+    order = parse_runner_order({"avx512_bf16": ["openvino-int8", "openvino-bf16"],
+                                "avx2": ["openvino-int8", "onnxruntime-fp32"]})
+    with_int8 = ArchiveRunners((), (OPENVINO, ONNX, int8), order)
+    fp32_machine = dataclasses.replace(BF16_MACHINE, precision="fp32")
+    assert names(with_int8, BF16_MACHINE, "avx512_bf16") == ["openvino-int8", "openvino-bf16"]
+    assert names(with_int8, fp32_machine, "avx2") == ["openvino-int8", "onnxruntime-fp32"]
+    assert candidates(with_int8, fp32_machine, "avx2")[0].file == int8.file
+    without = ArchiveRunners((), (OPENVINO, ONNX), order)
+    assert names(without, fp32_machine, "avx2") == ["onnxruntime-fp32"]
+    assert float_precision("int8", "bf16") == "bf16" and float_precision("int8", "fp32") == "fp32"
+    assert float_precision("fp32", "bf16") == "fp32"
+
+
 def test_an_archive_without_an_order_uses_the_default_one():
     runners = ArchiveRunners((FP32_PACKAGE,), (OPENVINO, ONNX), None)
     assert names(runners, dataclasses.replace(BF16_MACHINE, precision="fp32"), "avx2") == [
@@ -80,13 +94,6 @@ def model_dir_with_order(classifier: ImageClassifierHandler, target: Path, order
     return target
 
 
-def answers(handler: ImageClassifierHandler, photos: list[str]) -> list[list[dict]]:
-    context = archive_context(handler.model_dir, request_headers=[{} for _ in photos])
-    bodies = handler.handle([{"body": bytearray(photo_bytes(name))} for name in photos], context)
-    assert all(context.status(index) == 200 for index in range(len(photos)))
-    return [json.loads(body) for body in bodies]
-
-
 @pytest.fixture(scope="module")
 def eager_answers(classifier, tmp_path_factory) -> list[list[dict]]:
     """The eager fp32 network's answers (an order with no runner: the worker serves eagerly)."""
@@ -95,7 +102,7 @@ def eager_answers(classifier, tmp_path_factory) -> list[list[dict]]:
         patch.setattr(model_loading, "cpu_has_native_bf16", lambda: False)
         eager = load_classifier_dir(model_dir)
     assert eager.runner == "eager" and eager.precision == "fp32"
-    return answers(eager, PHOTOS)
+    return photo_answers(eager, PHOTOS)
 
 
 @pytest.mark.parametrize("runner", ["aoti-fp32", "aoti-bf16", "openvino-fp32", "openvino-bf16",
@@ -111,7 +118,7 @@ def test_every_runner_of_the_archive_serves_alone_and_answers_as_eager_at_every_
     choice = handler.runners["classifier"]
     assert (choice.runner, choice.refusals) == (runner, ())
     for count in (len(PHOTOS), 1, 3):
-        for got, expected in zip(answers(handler, PHOTOS[:count]), eager_answers, strict=False):
+        for got, expected in zip(photo_answers(handler, PHOTOS[:count]), eager_answers, strict=False):
             assert_same_answer(got, expected, precision)
 
 
@@ -135,7 +142,7 @@ def test_a_runner_that_fails_its_check_is_refused_and_the_next_one_serves(
     assert metrics.counters == [
         ("HandlerRunnerSelected", 1, {"Network": "classifier", "Runner": "onnxruntime-fp32"}),
         ("HandlerCompiledModelRefusals", 1, {"Reason": "load_failed", "Runner": "openvino-fp32"})]
-    for got, expected in zip(answers(handler, PHOTOS), eager_answers, strict=True):
+    for got, expected in zip(photo_answers(handler, PHOTOS), eager_answers, strict=True):
         assert_same_answer(got, expected, "fp32")
 
 

@@ -4,8 +4,10 @@ import pytest
 
 from handlers.model.settings import (
     CompileSettings,
+    Int8Settings,
     SettingsError,
     parse_classifier_settings,
+    parse_compile,
     parse_log_batches,
     parse_torch_threads,
 )
@@ -34,9 +36,23 @@ def test_compile_builds_every_engine_unless_told_and_the_archive_records_models_
         {"engine": "onnxruntime", "file": "compiled/model.onnx"}],
         "runner_order": {"avx2": ["onnxruntime-fp32", "aoti-fp32"]}})
     runners = built.archive_runners
-    assert runners.engine_file("onnxruntime") == "compiled/model.onnx"
-    assert runners.engine_file("openvino") is None
+    assert runners.engine_file("onnxruntime", "fp32") == "compiled/model.onnx"
+    assert runners.engine_file("openvino", "fp32") is None
     assert [str(name) for name in runners.order_table()["avx2"]] == ["onnxruntime-fp32", "aoti-fp32"]
+
+
+def test_int8_is_off_unless_asked_and_its_model_is_found_by_its_weights():
+    assert parse_compile(True) == CompileSettings() and CompileSettings().int8 is None
+    assert parse_compile({"int8": {"min_agreement": 0.98}}) == CompileSettings(
+        int8=Int8Settings(min_agreement=0.98))
+    assert parse_compile({"int8": True}) == CompileSettings(int8=Int8Settings())
+    built = parse_classifier_settings({**MINIMAL, "engine_models": [
+        {"engine": "openvino", "file": "compiled/model-openvino.xml"},
+        {"engine": "openvino", "file": "compiled/model-openvino-int8.xml", "weights": "int8"}]})
+    runners = built.archive_runners
+    assert runners.engine_file("openvino", "bf16") == "compiled/model-openvino.xml"
+    assert runners.engine_file("openvino", "fp32") == "compiled/model-openvino.xml"
+    assert runners.engine_file("openvino", "int8") == "compiled/model-openvino-int8.xml"
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -57,6 +73,12 @@ def test_compile_builds_every_engine_unless_told_and_the_archive_records_models_
     ({"runner_order": {"avx512_bf16": ["aoti-bf16"]}}, "needs an 'avx2' row"),
     ({"engine_models": [{"engine": "aoti", "file": "m.pt2"}]}, "engine_models"),
     ({"engine_models": [{"file": "m.onnx"}]}, "engine_models"),
+    ({"engine_models": [{"engine": "openvino", "file": "m.xml", "weights": "int4"}]}, "unknown weights"),
+    ({"compile": {"int8": "yes"}}, "compile.int8"),
+    ({"compile": {"int8": {"min_agreement": 96}}}, "compile.int8.min_agreement"),
+    ({"compile": {"int8": {"calibration_images": 0}}}, "compile.int8.calibration_images"),
+    ({"compile": {"int8": {"gate": 0.9}}}, "compile.int8"),
+    ({"compile": {"int8": True, "engines": ["aoti", "onnxruntime"]}}, "add 'openvino'"),
     ({"limits": {"max_pixels": -1}}, "limits.max_pixels"),
 ])
 def test_bad_values_name_the_setting(extra, message):

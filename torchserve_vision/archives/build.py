@@ -3,17 +3,19 @@
 Each archive `<name>-<version>.mar` lands in the model store with the `handlers/` package, the
 class names and the handler's settings inside it, so it is self-contained. Weights are checked
 against the architecture before archiving; a classifier with `compile:` gets ahead-of-time
-compiled models (AOTInductor packages: compile_ahead.py; OpenVINO and ONNX: engine_exports.py)
-and the order its workers try them in. Any problem stops the build with a BuildError.
+compiled models (AOTInductor packages: compile_ahead.py; OpenVINO and ONNX: engine_exports.py;
+a gated int8 OpenVINO model: int8_quantization.py) and the order its workers try them in.
+Any problem stops the build with a BuildError.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import yaml
 import handlers
 from handlers.model.compiled_model import COMPILED_DIRECTORY, CompiledPackage
 from handlers.model.model_loading import create_architecture, load_model, load_state_dict_model
-from handlers.model.runner_order import DEFAULT_RUNNER_ORDER, parse_runner_order
+from handlers.model.runner_order import DEFAULT_RUNNER_ORDER, RunnerName, parse_runner_order
 from handlers.model.runner_selection import EngineModel
 from handlers.model.settings import (
     ModelSource,
@@ -37,6 +39,7 @@ from torchserve_vision.archives import ARCHIVER, BuildTarget
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
 from torchserve_vision.archives.engine_exports import export_engine_models
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
+from torchserve_vision.archives.int8_quantization import Int8Gate, Int8GateFailed, Int8Request, Preprocessing
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
 from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
 from torchserve_vision.errors import CommandError
@@ -47,7 +50,9 @@ from torchserve_vision.model_descriptions import (
     ModelDescription,
     resolve_labels,
 )
+from torchserve_vision.photo_sets import PhotoSetError
 
+logger = logging.getLogger(__name__)
 HANDLER_PACKAGE = Path(handlers.__file__).resolve().parent
 
 
@@ -153,8 +158,10 @@ def check_architecture(description: ModelDescription) -> None:
 
 
 # --- ahead-of-time compilation ---------------------------------------------------------------------
-def compile_request(description: ModelDescription) -> CompileRequest | None:
-    """What `compile:` asks the builder to build (None: an eager archive)."""
+def compile_request(description: ModelDescription, int8_images: Path | None = None,
+                    force_int8: bool = False) -> CompileRequest | None:
+    """What `compile:` asks the builder to build (None: an eager archive); `int8_images` and
+    `force_int8`: the build command's photos for `compile.int8` and its say over the gate."""
     try:
         settings = parse_compile(description.handler_options.get("compile"))
     except SettingsError as error:
@@ -170,8 +177,11 @@ def compile_request(description: ModelDescription) -> CompileRequest | None:
                                         "model": {"source": description.source,
                                                   "architecture": description.architecture}})
     size = parsed.input_size
+    preprocessing = Preprocessing(parsed.resize_size, size, parsed.mean, parsed.std)
+    int8 = (None if settings.int8 is None
+            else Int8Request(settings.int8, preprocessing, int8_images, force_int8))
     return CompileRequest(parsed.precision, settings.cpu_target, description.serving.batch_size,
-                          (3, size, size), parsed.channels_last, parsed.resize_size, settings.engines)
+                          (3, size, size), parsed.channels_last, parsed.resize_size, settings.engines, int8)
 
 
 @dataclass(frozen=True)
@@ -181,29 +191,38 @@ class CompiledModels:
     packages: tuple[CompiledPackage, ...] = ()
     engine_models: tuple[EngineModel, ...] = ()
     runner_order: dict[str, list[str]] | None = None
+    int8_gate: Int8Gate | None = None
+
+
+def built_runners(names: Sequence[RunnerName], request: CompileRequest) -> list[str]:
+    """The runners of `names` whose models `request` builds."""
+    return [str(name) for name in names if name.engine in request.engines
+            and (name.precision != "int8" or request.int8 is not None)]
 
 
 def compiled_models(description: ModelDescription, request: CompileRequest | None,
                     num_classes: int | None, weights: Path, directory: Path) -> CompiledModels:
     """Build the models `request` asks for into `directory` (nothing for None), and the order
     its workers walk: `compile.runner_order`, else the project's default, less the runners of
-    engines not built."""
+    engines not built. The int8 gate's verdict is logged (torchserve_vision.archives)."""
     if request is None:
         return CompiledModels()
     model = load_model(model_source(description, num_classes), weights, torch.device("cpu"))
     try:
         packages = compile_packages(model, request, directory)
-        engine_models = export_engine_models(model, request.engines, request.input_shape_chw,
-                                             request.max_batch_size, directory)
+        exports = export_engine_models(model, request, directory)
+    except (Int8GateFailed, PhotoSetError) as error:
+        raise BuildError(f"{description.name}: {error}") from None
     except Exception as error:  # noqa: BLE001 - export, Inductor and the converters raise many kinds
         raise BuildError(f"{description.name}: ahead-of-time compilation failed: "
                          f"{type(error).__name__}: {error}") from None
+    if exports.int8_gate is not None:
+        logger.info("%s: %s", description.name, exports.int8_gate.summary())
     settings = parse_compile(description.handler_options.get("compile"))
     table = (settings.runner_order if settings and settings.runner_order
              else parse_runner_order(DEFAULT_RUNNER_ORDER))
-    order = {kind: [str(name) for name in names if name.engine in request.engines]
-             for kind, names in table.items()}
-    return CompiledModels(tuple(packages), tuple(engine_models), order)
+    order = {kind: built_runners(names, request) for kind, names in table.items()}
+    return CompiledModels(tuple(packages), exports.models, order, exports.int8_gate)
 
 
 # --- the archive --------------------------------------------------------------------------------
@@ -218,8 +237,10 @@ def handler_section(description: ModelDescription, num_classes: int | None,
         section["compiled_packages"] = [{"file": package.file, "target": package.target.to_dict()}
                                         for package in compiled.packages]
     if compiled.engine_models:
-        section["engine_models"] = [{"engine": model.engine, "file": model.file}
+        section["engine_models"] = [{"engine": model.engine, "file": model.file, "weights": model.weights}
                                     for model in compiled.engine_models]
+    if compiled.int8_gate is not None:
+        section["int8_gate"] = compiled.int8_gate.to_dict()
     if compiled.runner_order is not None:
         section["runner_order"] = compiled.runner_order
     try:
@@ -229,10 +250,11 @@ def handler_section(description: ModelDescription, num_classes: int | None,
     return section
 
 
-def stage_files(description: ModelDescription, staging: Path, target: BuildTarget = "cpu") -> Path:
+def stage_files(description: ModelDescription, staging: Path, target: BuildTarget = "cpu",
+                int8_images: Path | None = None, force_int8: bool = False) -> Path:
     """Write weights, labels, YAML and the handlers package into `staging`; return the weights.
     For the `gpu` target no CPU package is compiled (GPU workers refuse them all)."""
-    request = compile_request(description)  # checked before any weights are made
+    request = compile_request(description, int8_images, force_int8)  # checked before any weights
     if target == "gpu":
         request = None
     try:
@@ -321,14 +343,17 @@ def stage_pipeline_files(description: ModelDescription, store: Path, staging: Pa
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
 
 
-def build_archive(description: ModelDescription, store: Path, target: BuildTarget = "cpu") -> Path:
+def build_archive(description: ModelDescription, store: Path, target: BuildTarget = "cpu",
+                  int8_images: Path | None = None, force_int8: bool = False) -> Path:
     """Build one archive into `store` (replacing an older build of the same name and version).
     A pipeline's stage archives must be in `store` already. `target`: the workers that will
-    serve it; `gpu` leaves out the ahead-of-time CPU packages (see BUILD_TARGETS)."""
+    serve it; `gpu` leaves out the ahead-of-time CPU packages (see BUILD_TARGETS).
+    `int8_images`: the photos `compile.int8` calibrates and gates on (None: the project's);
+    `force_int8`: keep an int8 model that fails its gate."""
     with tempfile.TemporaryDirectory(prefix=f"build-{description.name}-") as tmp:
         staging = Path(tmp)
         if description.is_pipeline:
             stage_pipeline_files(description, store, staging)
             return run_archiver(description, staging, None, store)
-        weights = stage_files(description, staging, target)
+        weights = stage_files(description, staging, target, int8_images, force_int8)
         return run_archiver(description, staging, weights, store)

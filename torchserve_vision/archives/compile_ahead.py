@@ -23,6 +23,7 @@ from handlers.model.model_loading import AUTOCAST_DTYPES
 from handlers.model.settings import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from handlers.task.transforms import resize_and_center_crop
+from torchserve_vision.archives.int8_quantization import Int8Request
 from torchserve_vision.photos import PROBE_PHOTOS, photo_path
 
 
@@ -37,6 +38,7 @@ class CompileRequest:
     channels_last: bool
     resize_size: int                # the classifier's resize before its centre crop (probe photos)
     engines: tuple[str, ...] = ("aoti",)   # runner_order.ENGINES: what to build
+    int8: Int8Request | None = None        # an int8 OpenVINO model too (engines has openvino)
 
 
 class AutocastForward(nn.Module):

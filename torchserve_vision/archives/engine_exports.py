@@ -1,6 +1,8 @@
 """A classifier for the engines beside AOTInductor, for the archive builder: an ONNX model (ONNX
 Runtime) and an OpenVINO IR, each with a dynamic batch dimension and fp32 weights (the precision
-is chosen where the model is compiled, at worker start: handlers/model/engine_runners.py).
+is chosen where the model is compiled, at worker start: handlers/model/engine_runners.py), and
+where `compile.int8` asks for it an int8 OpenVINO model quantized from the IR and gated
+(torchserve_vision/archives/int8_quantization.py).
 
 Measured on a 2-core AMD EPYC (Zen 4), EfficientNet-Lite0: the OpenVINO conversion takes about
 2 s, the ONNX export about 7 s; each adds one copy of the weights to the archive
@@ -10,12 +12,15 @@ Measured on a 2-core AMD EPYC (Zen 4), EfficientNet-Lite0: the OpenVINO conversi
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from handlers.model.runner_selection import EngineModel
+from torchserve_vision.archives.compile_ahead import CompileRequest
+from torchserve_vision.archives.int8_quantization import INT8_FILE, Int8Gate, build_int8_model
 
 ONNX_FILE = "model.onnx"
 OPENVINO_FILE = "model-openvino.xml"   # and model-openvino.bin beside it
@@ -56,16 +61,25 @@ def convert_openvino(model: nn.Module, input_shape_chw: tuple[int, int, int], pa
     openvino.save_model(converted, str(path), compress_to_fp16=False)
 
 
-def export_engine_models(model: nn.Module, engines: tuple[str, ...], input_shape_chw: tuple[int, int, int],
-                         max_batch_size: int, directory: Path) -> list[EngineModel]:
-    """The models `engines` asks for besides AOTInductor's, written into `directory` (relative
-    names in the result are `directory.name/<file>`)."""
+@dataclass(frozen=True)
+class EngineExports:
+    models: tuple[EngineModel, ...] = ()
+    int8_gate: Int8Gate | None = None      # the int8 model's gate, where one was built
+
+
+def export_engine_models(model: nn.Module, request: CompileRequest, directory: Path) -> EngineExports:
+    """The models `request.engines` asks for besides AOTInductor's (and the int8 OpenVINO model
+    `request.int8` asks for), written into `directory` (relative names in the result are
+    `directory.name/<file>`). int8_quantization.Int8GateFailed when the int8 model fails its gate."""
     model = model.eval().to(memory_format=torch.contiguous_format)
-    built = []
-    if "openvino" in engines:
-        convert_openvino(model, input_shape_chw, directory / OPENVINO_FILE)
+    built, gate = [], None
+    if "openvino" in request.engines:
+        convert_openvino(model, request.input_shape_chw, directory / OPENVINO_FILE)
         built.append(EngineModel("openvino", f"{directory.name}/{OPENVINO_FILE}"))
-    if "onnxruntime" in engines:
-        export_onnx(model, input_shape_chw, max_batch_size, directory / ONNX_FILE)
+        if request.int8 is not None:
+            gate = build_int8_model(model, directory / OPENVINO_FILE, request.int8)
+            built.append(EngineModel("openvino", f"{directory.name}/{INT8_FILE}", "int8"))
+    if "onnxruntime" in request.engines:
+        export_onnx(model, request.input_shape_chw, request.max_batch_size, directory / ONNX_FILE)
         built.append(EngineModel("onnxruntime", f"{directory.name}/{ONNX_FILE}"))
-    return built
+    return EngineExports(tuple(built), gate)

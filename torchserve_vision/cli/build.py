@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,11 +36,19 @@ Build TorchServe model archives (.mar) into the model store.
       --stages first=efficientnet_lite0-1.0 second=efficientnet_lite0-2.0  # a pipeline version
   torchserve-vision build --check-config         # config.properties' models= matches models.yaml?
   torchserve-vision build --target gpu           # for GPU workers: no CPU packages compiled
+  torchserve-vision build --only efficientnet_lite0 --images ~/photos   # compile.int8 calibrated
+                                                 # and gated on your photos
 
 Each archive `<name>-<version>.mar` holds the `handlers/` package, the class names and the
 handler's settings, so it is self-contained. Weights are checked against the architecture before
 archiving. --write-config rewrites the `models=`/`load_models=` entries of the server configs from
 the descriptions' serving settings; --check-config fails when they differ.
+
+A classifier whose `compile.int8` is set also gets an int8 OpenVINO model, calibrated on variants
+of part of the photos (the project's photos of ImageNet subjects, or every image directly in
+--images DIR, each file its own source) and kept only when its top-1 agrees with the fp32 model's
+on variants of the other photos at least `min_agreement` of the time (the verdict is printed);
+otherwise the build fails, unless --force-int8.
 """
 
 
@@ -55,6 +65,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="the workers that will serve the archives: gpu leaves out the "
                              "ahead-of-time compiled CPU packages, which GPU workers refuse "
                              "(the GPU image; default: cpu, servable by any worker)")
+    parser.add_argument("--images", type=Path, metavar="DIR",
+                        help="photos for compile.int8's calibration and gate (default: the "
+                             "project's photos of ImageNet subjects)")
+    parser.add_argument("--force-int8", action="store_true",
+                        help="keep an int8 model whose answers fail the gate")
     parser.add_argument("--write-config", type=Path, nargs="*",
                         help="rewrite load_models=/models= of these configs (default: "
                              f"{' and '.join(map(str, paths.SERVER_CONFIGS))})")
@@ -157,6 +172,16 @@ def chosen_descriptions(args: argparse.Namespace) -> list[ModelDescription]:
     return chosen
 
 
+def show_build_log() -> None:
+    """The builder's own lines (the int8 gate's verdict) on stdout, nothing from the libraries."""
+    log = logging.getLogger("torchserve_vision.archives")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.check_config is not None:
         descriptions = load_descriptions(args.models)
@@ -168,8 +193,10 @@ def run(args: argparse.Namespace) -> int:
 
     from torchserve_vision.archives.build import build_archive  # torch: only to build
 
+    show_build_log()
     for description in chosen_descriptions(args):
-        print(f"built {build_archive(description, args.model_store, args.target)}", flush=True)
+        built = build_archive(description, args.model_store, args.target, args.images, args.force_int8)
+        print(f"built {built}", flush=True)
     if args.write_config is not None:
         descriptions = load_descriptions(args.models)
         for path in args.write_config or paths.SERVER_CONFIGS:

@@ -16,8 +16,6 @@ The lab's registrations are removed at the end.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import sys
 from collections.abc import Sequence
@@ -25,7 +23,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PIL import Image
 
 from torchserve_vision.archives.build import build_archive
@@ -33,6 +30,7 @@ from torchserve_vision.client import TorchServeClient
 from torchserve_vision.lab.compare import register, unregister_all
 from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop
 from torchserve_vision.model_descriptions import ModelDescription
+from torchserve_vision.photo_sets import Photo, variant_jpegs
 from torchserve_vision.photos import photo_path
 
 SOURCE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
@@ -58,44 +56,11 @@ class TradeoffPoint:
 
 
 # --- inputs ---------------------------------------------------------------------------------------
-def variant(photo: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, int]:
-    """A random crop (30-100 % of the area, aspect 3:4..4:3), maybe mirrored, rescaled to a short
-    side of 180-720 px; and a JPEG quality of 50-95."""
-    width, height = photo.size
-    area = rng.uniform(0.3, 1.0) * width * height
-    aspect = float(np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))))
-    crop_w = int(min(width, round((area * aspect) ** 0.5)))
-    crop_h = int(min(height, round((area / aspect) ** 0.5)))
-    left = int(rng.integers(0, width - crop_w + 1))
-    top = int(rng.integers(0, height - crop_h + 1))
-    image = photo.crop((left, top, left + crop_w, top + crop_h))
-    if rng.random() < 0.5:
-        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    short = int(rng.integers(180, 721))
-    scale = short / min(image.size)
-    image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                         Image.Resampling.BICUBIC)
-    return image, int(rng.integers(50, 96))
-
-
-def jpeg(image: Image.Image, quality: int) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=quality)
-    return buffer.getvalue()
-
-
 def cascade_inputs(count: int = 320, seed: int = 0) -> list[bytes]:
     """`count` distinct JPEGs: each source photo whole (quality 90), then seeded variants of the
     photos in turn until there are `count`."""
-    rng = np.random.default_rng(seed)
-    photos = [Image.open(photo_path(name)).convert("RGB") for name in SOURCE_PHOTOS]
-    inputs = {hashlib.sha256(body).digest(): body for body in (jpeg(p, 90) for p in photos)}
-    turn = 0
-    while len(inputs) < count:
-        body = jpeg(*variant(photos[turn % len(photos)], rng))
-        inputs.setdefault(hashlib.sha256(body).digest(), body)
-        turn += 1
-    return list(inputs.values())[:count]
+    photos = [Photo(name, name, Image.open(photo_path(name)).convert("RGB")) for name in SOURCE_PHOTOS]
+    return variant_jpegs(photos, count, seed)
 
 
 # --- measuring ------------------------------------------------------------------------------------

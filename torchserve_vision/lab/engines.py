@@ -11,8 +11,9 @@ runner a worker would choose here against the best of ONNX Runtime and OpenVINO 
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 torchserve-vision lab engines   # avx2's order
 
 Every runner runs at the same thread count (default: the archive's `torch_threads`, what a
-worker runs with). The forced-AVX2 rehearsal holds torch's kernels to AVX2; OpenVINO's and ONNX
-Runtime's pick theirs from the CPU whatever the variables say.
+worker runs with). The forced-AVX2 rehearsal holds torch's kernels and OpenVINO's (its oneDNN
+reads ONEDNN_MAX_CPU_ISA: the int8 layers then run without VNNI, as on an AVX2-only EPYC) to
+AVX2; ONNX Runtime picks its kernels from the CPU whatever the variables say.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class EngineFigures:
 
 
 def every_runner(runners: ArchiveRunners) -> ArchiveRunners:
-    """The archive's models with an order that names every runner (for measuring them all)."""
+    """The archive's models with an order that names every runner (for measuring them all; an
+    int8 model is measured where the archive has one)."""
     names = tuple(RunnerName(engine, precision) for engine, precisions in ENGINE_PRECISIONS.items()
                   for precision in precisions)
     return ArchiveRunners(runners.packages, runners.engine_models, {"avx2": names})
@@ -138,9 +140,9 @@ def measure_engines(archive: Path, threads: int | None, batch_sizes: Sequence[in
             name = str(candidate.name)
             try:
                 forwards[name] = load_candidate(resolved(candidate, runners, machine), model_dir,
-                                                machine.device, threads)
+                                                machine, threads)
                 check_answers(forwards[name], classifier.network, worker_layout(name, probe, settings),
-                              candidate.name.precision)
+                              candidate.name.precision, machine.precision)
                 passes[name] = True
             except CompiledModelRefused:
                 passes[name] = False

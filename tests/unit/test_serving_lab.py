@@ -4,12 +4,14 @@ the sweep's operating point and outputs, the load generator against an instant l
 from __future__ import annotations
 
 import base64
+import io
 import json
 import shutil
 import zipfile
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from torchserve_vision import paths
 from torchserve_vision.lab.batch_model import (
@@ -19,6 +21,7 @@ from torchserve_vision.lab.batch_model import (
     recommend,
 )
 from torchserve_vision.lab.batching_policies import as_text, goals
+from torchserve_vision.lab.cascade_tradeoff import cascade_inputs
 from torchserve_vision.lab.loadgen import (
     LoadTarget,
     Result,
@@ -33,6 +36,8 @@ from torchserve_vision.lab.loadgen import (
 from torchserve_vision.lab.rolling_update import rolled_config
 from torchserve_vision.lab.sweep import SweepPoint, choose_operating_point, write_results
 from torchserve_vision.lab.tune import update_models_yaml
+from torchserve_vision.photo_sets import PhotoSetError
+from torchserve_vision.photos import photo_path
 from torchserve_vision.torchserve_config import read_properties, server_config
 
 
@@ -204,3 +209,16 @@ def test_a_rolled_pod_keeps_its_ports_and_loads_the_new_version_with_its_setting
     old = json.loads(before["models"])["efficientnet_lite0"]["1.0"]
     assert json.loads(rolled["models"])["efficientnet_lite0"] == {
         "2.0": {**old, "marName": "efficientnet_lite0-2.0.mar"}}
+
+
+def test_the_cascade_lab_makes_its_inputs_from_a_folder_it_is_given(tmp_path):
+    for name in ("chelsea.png", "coffee.png"):
+        shutil.copy(photo_path(name), tmp_path / name)
+    inputs = cascade_inputs(12, images_dir=tmp_path)
+    assert len(set(inputs)) == 12
+    # The folder's photos whole first, then their variants.
+    whole = [Image.open(io.BytesIO(body)).size for body in inputs[:2]]
+    assert whole == [Image.open(photo_path(name)).size for name in ("chelsea.png", "coffee.png")]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PhotoSetError, match="holds no photos"):
+        cascade_inputs(12, images_dir=tmp_path / "empty")

@@ -45,6 +45,7 @@ from torchserve_vision.lab import (
 )
 from torchserve_vision.lab.benchmark_images import SIZES, benchmark_jpeg
 from torchserve_vision.model_descriptions import load_descriptions
+from torchserve_vision.photo_sets import PhotoSetError
 from torchserve_vision.photos import photo_path
 from torchserve_vision.server_process import configured_model_store
 
@@ -556,6 +557,9 @@ def add_cascade(actions: argparse._SubParsersAction) -> None:
                         help=f"a cascade of {paths.MODEL_DESCRIPTIONS} (its archives built)")
     parser.add_argument("--models", type=Path, default=paths.MODEL_DESCRIPTIONS)
     parser.add_argument("--inputs", type=int, default=320, help="distinct inputs (at least 300)")
+    parser.add_argument("--images", type=Path, metavar="DIR",
+                        help="make the inputs from the photos in DIR (default: ten of "
+                             "scikit-image's images)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per point")
     parser.add_argument("--out", type=Path, default=Path("docs/cascade-cpu"),
@@ -568,7 +572,10 @@ def run_cascade(args: argparse.Namespace) -> int:
     cascade = described.get(args.cascade)
     if cascade is None or cascade.task != "cascade":
         raise LabError(f"{args.cascade} is not a cascade in {args.models}")
-    inputs = cascade_tradeoff.cascade_inputs(args.inputs)
+    try:
+        inputs = cascade_tradeoff.cascade_inputs(args.inputs, images_dir=args.images)
+    except PhotoSetError as error:
+        raise LabError(str(error)) from None
     points = cascade_tradeoff.tradeoff(client_from(args), args.model_store.resolve(), cascade,
                                        inputs, args.clients, args.duration)
     title = (f"{cascade.stages['first']} -> {cascade.stages['second']}, {len(inputs)} inputs, "

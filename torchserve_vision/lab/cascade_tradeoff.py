@@ -4,9 +4,11 @@ alone and the second model alone as the two end points.
 
     bash scripts/demo.sh        # a running server with the model API on; archives built
     torchserve-vision lab cascade --clients 16 --duration 15 --out docs/cascade-cpu
+    torchserve-vision lab cascade --images ~/photos --out cascade-mine   # on your own photos
 
-Inputs: at least 300 distinct JPEGs made from real photos in scikit-image's wheel (each photo
-whole, then seeded random crops, flips, rescales and JPEG qualities). The first-stage archive,
+Inputs: at least 300 distinct JPEGs made from real photos in scikit-image's wheel, or from every
+image directly in the folder --images names (each photo whole, then seeded random crops, flips,
+rescales and JPEG qualities). The first-stage archive,
 the second-stage archive and the cascade archive (and a copy of it built with the `margin` rule)
 are registered side by side under lab names with the cascade's serving settings; each threshold
 is a closed-loop run over all inputs sending `X-Escalation-Threshold`. Agreement is measured on
@@ -30,7 +32,7 @@ from torchserve_vision.client import TorchServeClient
 from torchserve_vision.lab.compare import register, unregister_all
 from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop
 from torchserve_vision.model_descriptions import ModelDescription
-from torchserve_vision.photo_sets import Photo, variant_jpegs
+from torchserve_vision.photo_sets import Photo, folder_photos, variant_jpegs
 from torchserve_vision.photos import photo_path
 
 SOURCE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
@@ -56,10 +58,12 @@ class TradeoffPoint:
 
 
 # --- inputs ---------------------------------------------------------------------------------------
-def cascade_inputs(count: int = 320, seed: int = 0) -> list[bytes]:
-    """`count` distinct JPEGs: each source photo whole (quality 90), then seeded variants of the
-    photos in turn until there are `count`."""
-    photos = [Photo(name, name, Image.open(photo_path(name)).convert("RGB")) for name in SOURCE_PHOTOS]
+def cascade_inputs(count: int = 320, seed: int = 0, images_dir: Path | None = None) -> list[bytes]:
+    """`count` distinct JPEGs: each source photo (SOURCE_PHOTOS, or every image directly in
+    `images_dir`) whole (quality 90), then seeded variants of the photos in turn until there are
+    `count`. photo_sets.PhotoSetError for a folder without photos."""
+    photos = (folder_photos(images_dir) if images_dir is not None else
+              [Photo(name, name, Image.open(photo_path(name)).convert("RGB")) for name in SOURCE_PHOTOS])
     return variant_jpegs(photos, count, seed)
 
 

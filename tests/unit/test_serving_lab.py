@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from torchserve_vision import paths
+from torchserve_vision.lab import detector_parts
 from torchserve_vision.lab.batch_model import (
     MAX_UTILISATION,
     BatchTimeFit,
@@ -222,3 +223,12 @@ def test_the_cascade_lab_makes_its_inputs_from_a_folder_it_is_given(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PhotoSetError, match="holds no photos"):
         cascade_inputs(12, images_dir=tmp_path / "empty")
+
+
+def test_detector_parts_times_every_part_of_the_served_detector_and_refuses_a_classifier(model_store):
+    figures = detector_parts.measure(model_store / "ssdlite320-1.0.mar", 1, [1], repeats=1, rounds=1)
+    assert set(detector_parts.PARTS) <= set(figures[1])
+    assert "openvino f32 backbone+head" in figures[1] and all(ms > 0 for ms in figures[1].values())
+    assert detector_parts.table(figures).splitlines()[0].split() == ["part", "batch", "1", "ms"]
+    with pytest.raises(ValueError, match=r"efficientnet_lite0-1\.0\.mar: not a detector archive"):
+        detector_parts.measure(model_store / "efficientnet_lite0-1.0.mar", 1, [1], 1, 1)

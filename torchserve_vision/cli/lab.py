@@ -30,6 +30,7 @@ from torchserve_vision.lab import (
     cascade_tradeoff,
     compare,
     compile_speed,
+    detector_parts,
     engines,
     loadgen,
     near_duplicates,
@@ -60,9 +61,9 @@ def register(commands: argparse._SubParsersAction, summary: str) -> None:
     parser = subcommand(commands, "lab", summary, DESCRIPTION)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_policies, add_compile_speed,
-                add_engines, add_precision, add_startup, add_rollout_drill, add_plan,
-                add_rolling_update, add_cascade, add_cache, add_near_duplicates, add_protocols,
-                add_shadow):
+                add_engines, add_detector_parts, add_precision, add_startup, add_rollout_drill,
+                add_plan, add_rolling_update, add_cascade, add_cache, add_near_duplicates,
+                add_protocols, add_shadow):
         add(actions)
 
 
@@ -375,6 +376,29 @@ def run_engines(args: argparse.Namespace) -> int:
     print(json.dumps({**asdict(figures), "measured_order": figures.measured_order(),
                       "ratios_to_defaults": figures.ratios_to_defaults()}, indent=2)
           if args.json else figures.table())
+    return 0
+
+
+# --- detector parts ---------------------------------------------------------------------------
+def add_detector_parts(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "detector-parts",
+                        "where a detector's time goes, and what an engine would save",
+                        detector_parts.__doc__ or "", [json_flag()])
+    parser.add_argument("--archive", type=Path, default=paths.MODEL_STORE / "ssdlite320-1.0.mar")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.set_defaults(run=run_detector_parts)
+
+
+def run_detector_parts(args: argparse.Namespace) -> int:
+    try:
+        figures = detector_parts.measure(args.archive, args.threads, args.batch_sizes, args.repeats,
+                                         args.rounds)
+    except ValueError as error:
+        raise LabError(str(error)) from None
+    print(json.dumps(figures, indent=2) if args.json else detector_parts.table(figures))
     return 0
 
 

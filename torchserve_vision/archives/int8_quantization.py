@@ -152,8 +152,9 @@ def answer_shift(model: nn.Module, int8_ir: Path, images: torch.Tensor, batch_si
     got = torch.cat([torch.from_numpy(compiled(chunk.numpy())[0].copy())
                      for chunk in images.split(batch_size)]).float().softmax(dim=1)
     shift = (got - expected).abs().amax(dim=1)
-    agreement = (got.argmax(dim=1) == expected.argmax(dim=1)).float().mean()
-    return float(agreement), float(shift.max()), float(shift.median())
+    # A count over the images, not a float32 mean: 288 of 300 is 0.96 exactly, on the gate.
+    agreeing = int((got.argmax(dim=1) == expected.argmax(dim=1)).sum())
+    return agreeing / len(images), float(shift.max()), float(shift.median())
 
 
 def build_int8_model(model: nn.Module, float_ir: Path, request: Int8Request) -> Int8Gate:

@@ -160,6 +160,12 @@ def float_precision(runner_precision: str, worker_precision: str) -> str:
     return worker_precision if runner_precision == "int8" else runner_precision
 
 
+def checked_precisions(runner_precision: str, worker_precision: str) -> tuple[str, ...]:
+    """The precisions whose rounding a runner's answers may show: its own, and for int8 also its
+    float layers' (a fp32 runner on a bf16 worker is held to fp32's bound)."""
+    return tuple(dict.fromkeys((runner_precision, float_precision(runner_precision, worker_precision))))
+
+
 def load_candidate(candidate: Candidate, model_dir: Path, machine: MachineTarget, threads: int) -> Runner:
     """Load one resolved candidate (raises CompiledModelRefused("missing") without its file)."""
     path = model_dir / candidate.file
@@ -194,7 +200,8 @@ def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarg
             loaded = resolved(candidate, runners, machine)
             runner = call_with_deadline(
                 functools.partial(load_candidate, loaded, model_dir, machine, threads), timeout_s)
-            check_answers(runner, eager.fp32, probe, candidate.name.precision, machine.precision)
+            check_answers(runner, eager.fp32, probe, *checked_precisions(candidate.name.precision,
+                                                                         machine.precision))
         except CompiledModelRefused as refusal:
             logger.warning("runner %s refused (%s): %s", candidate.name, refusal.kind, refusal)
             refusals.append(Refusal(str(candidate.name), refusal))

@@ -19,7 +19,13 @@ from handlers.model import model_loading
 from handlers.model.compiled_model import CompiledPackage, CompileTarget, MachineTarget
 from handlers.model.engine_runners import OpenVinoRunner
 from handlers.model.runner_order import parse_runner_order
-from handlers.model.runner_selection import ArchiveRunners, EngineModel, candidates, float_precision
+from handlers.model.runner_selection import (
+    ArchiveRunners,
+    EngineModel,
+    candidates,
+    checked_precisions,
+    float_precision,
+)
 from tests.answers import assert_same_answer
 from tests.archives import load_classifier_dir, photo_answers
 from tests.recording_metrics import RecordingMetrics
@@ -75,6 +81,11 @@ def test_an_int8_model_is_a_candidate_on_every_cpu_and_only_where_the_archive_ha
     assert names(without, fp32_machine, "avx2") == ["onnxruntime-fp32"]
     assert float_precision("int8", "bf16") == "bf16" and float_precision("int8", "fp32") == "fp32"
     assert float_precision("fp32", "bf16") == "fp32"
+    # The check's bound: a fp32 runner on a bf16 worker is held to fp32's, int8 to both its own.
+    assert checked_precisions("fp32", "bf16") == ("fp32",)
+    assert checked_precisions("bf16", "bf16") == ("bf16",)
+    assert checked_precisions("int8", "bf16") == ("int8", "bf16")
+    assert checked_precisions("int8", "fp32") == ("int8", "fp32")
 
 
 def test_an_archive_without_an_order_uses_the_default_one():

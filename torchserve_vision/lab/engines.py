@@ -36,7 +36,13 @@ from handlers.model.compiled_model import (
 )
 from handlers.model.model_loading import cpu_has_native_bf16
 from handlers.model.runner_order import ENGINE_PRECISIONS, RunnerName, order_for
-from handlers.model.runner_selection import ArchiveRunners, candidates, load_candidate, resolved
+from handlers.model.runner_selection import (
+    ArchiveRunners,
+    candidates,
+    checked_precisions,
+    load_candidate,
+    resolved,
+)
 from handlers.model.settings import ClassifierSettings, parse_classifier_settings
 from torchserve_vision.lab.compile_speed import Forward, best_ms_interleaved
 from torchserve_vision.lab.local_handler import archive_context, extract_archive
@@ -142,7 +148,7 @@ def measure_engines(archive: Path, threads: int | None, batch_sizes: Sequence[in
                 forwards[name] = load_candidate(resolved(candidate, runners, machine), model_dir,
                                                 machine, threads)
                 check_answers(forwards[name], classifier.network, worker_layout(name, probe, settings),
-                              candidate.name.precision, machine.precision)
+                              *checked_precisions(candidate.name.precision, machine.precision))
                 passes[name] = True
             except CompiledModelRefused:
                 passes[name] = False

@@ -9,9 +9,14 @@ for them.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +24,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 OPENVINO_PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
+OPENVINO_CACHE_LOCK = "compile.lock"   # in the cache directory: one worker compiles at a time
 
 
 def numpy_input(batch: torch.Tensor) -> np.ndarray:
@@ -36,15 +42,10 @@ class OpenVinoRunner:
     One inference request, behind a lock: a request object is not safe for concurrent use."""
 
     def __init__(self, path: Path, precision: str, threads: int, cache_dir: Path | None) -> None:
-        import openvino
-
-        core = openvino.Core()
-        if cache_dir is not None:
-            core.set_property({"CACHE_DIR": str(cache_dir)})
         config = {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION_HINTS[precision],
                   "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
                   "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
-        self.compiled = core.compile_model(str(path), "CPU", config)
+        self.compiled = compile_openvino_model(path, config, cache_dir)
         self.request = self.compiled.create_infer_request()
         self.lock = threading.Lock()
 
@@ -53,6 +54,47 @@ class OpenVinoRunner:
             result = self.request.infer({0: numpy_input(batch)})
             # The output buffer belongs to the request and is overwritten by its next call.
             return torch.from_numpy(result[0].copy())
+
+
+def compile_openvino_model(path: Path, config: dict[str, Any], cache_dir: Path | None) -> Any:
+    """The IR at `path` compiled for the CPU with `config`, through the model cache in
+    `cache_dir` where there is one. The model's workers share that directory, and OpenVINO does
+    not guard it across processes: a worker reading a blob that another is still writing fails
+    and deletes it, and the writer then fails too. So workers compile one at a time under a lock
+    in the directory (the next one loads the blob the first wrote), and a cache that fails
+    anyway costs a compile without it, never the runner."""
+    core = openvino_core()
+    if cache_dir is not None:
+        try:
+            with exclusive_lock(cache_dir / OPENVINO_CACHE_LOCK):
+                return core.compile_model(str(path), "CPU", {**config, "CACHE_DIR": str(cache_dir)})
+        except (OSError, RuntimeError) as error:
+            logger.warning("OpenVINO's model cache in %s failed (%s): compiling without it",
+                           cache_dir, str(error).strip().splitlines()[-1])
+    return core.compile_model(str(path), "CPU", config)
+
+
+@functools.cache
+def openvino_core() -> Any:
+    """The process's one OpenVINO Core, never released. Its CPU plugin installs an alternate
+    signal stack on the thread that loads it and puts back the previous one when it is released;
+    Cores released out of order leave a thread pointing at a freed stack, and the next signal
+    with a handler (Ctrl-C) crashes the process."""
+    import openvino
+
+    return openvino.Core()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold the kernel's exclusive lock on `path` (created if missing), waiting for other
+    processes' and threads' holds; released on exit, or by the kernel when the process dies."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class OnnxRuntimeRunner:

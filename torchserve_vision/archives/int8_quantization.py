@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from handlers.model.engine_runners import openvino_core
 from handlers.model.settings import Int8Settings
 from handlers.request.decode import ImageLimits, decode_image_bytes
 from handlers.task.transforms import preprocess_classification_batch
@@ -122,7 +123,6 @@ def model_input(jpegs: Sequence[bytes], preprocessing: Preprocessing) -> torch.T
 def quantized(float_ir: Path, calibration: torch.Tensor) -> Any:
     """The OpenVINO model at `float_ir`, quantized to int8 by NNCF on `calibration` images."""
     import nncf
-    import openvino
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
@@ -133,7 +133,7 @@ def quantized(float_ir: Path, calibration: torch.Tensor) -> Any:
         overflow_fix=OverflowFix.ENABLE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return nncf.quantize(openvino.Core().read_model(str(float_ir)), dataset,
+        return nncf.quantize(openvino_core().read_model(str(float_ir)), dataset,
                              preset=nncf.QuantizationPreset.PERFORMANCE, subset_size=len(calibration),
                              ignored_scope=nncf.IgnoredScope(types=FLOAT_LAYER_TYPES, validate=False),
                              advanced_parameters=advanced)
@@ -143,9 +143,7 @@ def answer_shift(model: nn.Module, int8_ir: Path, images: torch.Tensor, batch_si
                  ) -> tuple[float, float, float]:
     """(top-1 agreement, largest, median per-image largest probability change) of the int8 model
     (float layers in fp32) against `model` in fp32 on `images`."""
-    import openvino
-
-    compiled = openvino.Core().compile_model(str(int8_ir), "CPU", {
+    compiled = openvino_core().compile_model(str(int8_ir), "CPU", {
         "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": torch.get_num_threads()})
     with torch.inference_mode():
         expected = torch.cat([model(chunk).float() for chunk in images.split(batch_size)]).softmax(dim=1)

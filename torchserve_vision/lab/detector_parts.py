@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from handlers.model.engine_runners import openvino_core
 from handlers.model.settings import SettingsError
 from handlers.object_detector import ObjectDetectorHandler
 from torchserve_vision.lab.local_handler import archive_context, extract_archive
@@ -68,7 +69,7 @@ def openvino_forward(module: nn.Module, example: torch.Tensor, precision: str, t
         warnings.simplefilter("ignore")
         converted = openvino.convert_model(module, example_input=example,
                                            input=[(-1, *example.shape[1:])])
-    compiled = openvino.Core().compile_model(converted, "CPU", {
+    compiled = openvino_core().compile_model(converted, "CPU", {
         "INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
         "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})
     return compiled.create_infer_request()

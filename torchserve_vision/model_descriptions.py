@@ -40,6 +40,12 @@ class ServingSettings:
     switched on by the archive's YAML, so it is fixed per archive; its `max_batch_delay_ms` is
     always 0 (whatever was given: the delay is unused). `delayed` is TorchServe's own: the first
     request, then up to `max_batch_delay_ms` of waiting for more.
+
+    `deadline_ms`: a request that waited longer in the queue is answered 504 and never computed
+    (0: no deadline); a client's X-Request-Timeout-Ms header shortens it for its request. The
+    archive's YAML carries it as TorchServe's `clientTimeoutInMills`, which only the frontend
+    agent's queued batching answers (TorchServe's own batching drops such a request without an
+    answer): so it needs `batching: queued`.
     """
 
     batch_size: int = 8
@@ -49,11 +55,19 @@ class ServingSettings:
     response_timeout_s: int = 60
     startup_timeout_s: int = 120    # TorchServe kills a worker that takes longer to load
     batching: str = QUEUED
+    deadline_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_POLICIES:
             raise DescriptionError(f"serving.batching {self.batching!r}: use "
                                    f"{' or '.join(BATCHING_POLICIES)}")
+        if not isinstance(self.deadline_ms, int) or isinstance(self.deadline_ms, bool) \
+                or self.deadline_ms < 0:
+            raise DescriptionError(f"serving.deadline_ms {self.deadline_ms!r}: a whole number of "
+                                   "milliseconds, 0 for none")
+        if self.deadline_ms and self.batching != QUEUED:
+            raise DescriptionError("serving.deadline_ms needs batching: queued (TorchServe's own "
+                                   "batching drops an expired request without answering it)")
         if self.batching == QUEUED:
             object.__setattr__(self, "max_batch_delay_ms", 0)
 
@@ -61,12 +75,15 @@ class ServingSettings:
     def of_version(cls, description: dict[str, Any]) -> ServingSettings:
         """The settings of a version as TorchServe's `describe` reports them (with queued
         batching, TorchServe reports its 100 ms default for the delay of 0 that
-        config.properties gave: read as 0, like any delay of queued batching)."""
+        config.properties gave: read as 0, like any delay of queued batching). A deadline is
+        read only where queued batching answers it."""
+        queued = bool(description.get("continuousBatching"))
         return cls(description["batchSize"], description["maxBatchDelay"],
                    description["minWorkers"], description["maxWorkers"],
                    description["responseTimeout"],
                    description.get("startupTimeout", cls.startup_timeout_s),
-                   QUEUED if description.get("continuousBatching") else DELAYED)
+                   QUEUED if queued else DELAYED,
+                   int(description.get("clientTimeoutInMills") or 0) if queued else 0)
 
 
 @dataclass(frozen=True)

@@ -319,6 +319,8 @@ def check_resumable(plan: RolloutPlan, registered: dict[str, Any], old_version: 
                 ("batching", found.batching, wanted.batching)]
     if wanted.batching == DELAYED:
         compared.append(("max batch delay", found.max_batch_delay_ms, wanted.max_batch_delay_ms))
+    else:
+        compared.append(("deadline (ms)", found.deadline_ms, wanted.deadline_ms))
     differences = [f"{name} {have!r} (this rollout: {want!r})" for name, have, want in compared
                    if have != want]
     if differences:
@@ -361,7 +363,8 @@ def retire_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | N
 
 
 def settings_text(settings: ServingSettings) -> str:
-    batching = ("queued batching" if settings.batching == QUEUED
+    deadline = f", deadline {settings.deadline_ms} ms" if settings.deadline_ms else ""
+    batching = (f"queued batching{deadline}" if settings.batching == QUEUED
                 else f"delay {settings.max_batch_delay_ms} ms")
     return (f"batch {settings.batch_size}, {batching}, workers "
             f"{settings.min_workers}/{settings.max_workers}, timeouts response "

@@ -2,12 +2,19 @@
 worker takes what is queued when it is free and never waits for company. A lone request runs at
 once even with an hour of batch delay registered; requests that queue behind a busy worker share
 its next batch; a bad upload fails only itself; TorchServe's describe job travels alone; scaling
-and unregistering work; an archive without it keeps TorchServe's own batching on the same server."""
+and unregistering work; an archive without it keeps TorchServe's own batching on the same server.
+Deadlines: a request that can no longer be answered within its deadline (its X-Request-Timeout-Ms
+header, or the model's) is answered 504 and never reaches the handler; one whose deadline passes
+while its batch runs gets its answer; a bad header is a 400 for that request alone."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,27 +22,35 @@ import requests
 
 from tests.images import CAT_LABELS, photo_bytes
 from tests.server.http_client import burst_with_one_bad_upload, concurrently
+from tests.server.logs import log_lines, wait_for_log
 from tests.server.servers import started_server
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
+from torchserve_vision.prometheus_text import scrape, total
 from torchserve_vision.rollout import wait_for_workers
 from torchserve_vision.server_process import TorchServeInstance, ping
+from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
-QUEUED, DELAYED = "1.0-queued", "1.0-delayed"
+QUEUED, DELAYED, WITH_DEADLINE = "1.0-queued", "1.0-delayed", "1.0-deadline"
 AN_HOUR_MS = 3_600_000
+MODEL_DEADLINE_MS = 10        # less than one large photo takes
+EXPIRED = "ts_requests_expired_total"
 
 
 @pytest.fixture(scope="module")
 def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
-    """Lite0 twice on a server of its own, one worker each, batch size 8 and an hour of batch
-    delay: version 1.0-queued with queued batching, 1.0-delayed with TorchServe's."""
+    """Lite0 three times on a server of its own, one worker each, batch size 8 and an hour of
+    batch delay: version 1.0-queued with queued batching, 1.0-delayed with TorchServe's,
+    1.0-deadline queued with a deadline of MODEL_DEADLINE_MS."""
     store = tmp_path_factory.mktemp("queued-store")
     shutil.copy(model_store / f"{MODEL}-1.0.mar", store)
-    archives = {version: archive_with_version(store, f"{MODEL}-1.0.mar", version,
-                                              frontend_changes={"continuousBatching": queued})
-                for version, queued in ((QUEUED, True), (DELAYED, False))}
+    frontends: dict[str, dict[str, object]] = {
+        QUEUED: {"continuousBatching": True}, DELAYED: {"continuousBatching": False},
+        WITH_DEADLINE: {"continuousBatching": True, "clientTimeoutInMills": MODEL_DEADLINE_MS}}
+    archives = {version: archive_with_version(store, f"{MODEL}-1.0.mar", version, frontend_changes=changes)
+                for version, changes in frontends.items()}
     for server in started_server(tmp_path_factory.mktemp("queued"), store, load_models=""):
         client = server.client()
         for version, archive in archives.items():
@@ -59,7 +74,8 @@ def test_the_frontend_runs_the_agents_batching_for_the_archive_that_asks_for_it(
     assert described[DELAYED]["continuousBatching"] is False
     assert "-javaagent:" in queued_server.effective_config.read_text()
     log = (queued_server.log_dir / "ts_log.log").read_text(errors="replace")
-    assert f"queued batching for {MODEL} (batch size 8)" in log
+    assert f"queued batching for {MODEL} (batch size 8, deadline 0 ms)" in log
+    assert f"queued batching for {MODEL} (batch size 8, deadline {MODEL_DEADLINE_MS} ms)" in log
 
 
 def test_a_lone_request_runs_at_once_whatever_the_batch_delay(queued_server):
@@ -99,6 +115,101 @@ def test_the_describe_job_travels_alone_between_predictions(queued_server):
     assert post(queued_server, photo_bytes("coffee.png")).json()[0]["label"] == "espresso"
 
 
+def computed_requests(server: TorchServeInstance, version: str, after_line: int) -> int:
+    """Requests the handler of `version` took into its batches (its `batch` log lines), counted
+    from line `after_line` of the worker log."""
+    lines = log_lines(server.log_dir / "model_log.log")[after_line:]
+    batches = [json.loads(line.split("batch ", 1)[1]) for line in lines if " batch {" in line]
+    return sum(batch["size"] for batch in batches if batch["version"] == version)
+
+
+def expired_count(server: TorchServeInstance, version: str) -> float:
+    return total(scrape(server.metrics_url), EXPIRED, model_name=MODEL, model_version=version)
+
+
+def timed_post(server: TorchServeInstance, body: bytes, version: str,
+               headers: dict[str, str] | None = None) -> tuple[requests.Response, float]:
+    start = time.monotonic()
+    reply = post(server, body, version=version, headers=headers)
+    return reply, time.monotonic() - start
+
+
+def test_a_request_past_its_deadline_is_answered_504_and_never_reaches_the_handler(queued_server):
+    """16 large photos keep the worker busy for two batches; a request with a deadline of 1 ms
+    sent behind them waits at least a batch: 504 with a JSON error, absent from the handler's
+    batches, counted; a request without a deadline sent with it is answered."""
+    photo = benchmark_jpeg("phone")
+    client = queued_server.client()
+    log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
+    expired_before = expired_count(queued_server, QUEUED)
+
+    def pending() -> int:
+        return int(client.describe(MODEL, QUEUED)[0]["jobQueueStatus"]["pendingRequests"])
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        busy = [pool.submit(post, queued_server, photo) for _ in range(16)]
+        # A batch runs and the next one is queued: what is sent now waits at least a batch.
+        wait_until(lambda: pending() >= 8, 60, "8 queued requests", interval_s=0.005)
+        expired, fresh = concurrently([
+            lambda: post(queued_server, photo_bytes("chelsea.png"), headers={"X-Request-Timeout-Ms": "1"}),
+            lambda: post(queued_server, photo_bytes("chelsea.png"))], 2)
+        assert [reply.result().status_code for reply in busy] == [200] * 16
+    assert expired.status_code == 504, expired.text
+    assert expired.headers["Content-Type"].startswith("application/json")
+    assert expired.json()["type"] == "DeadlineExceeded" and "1 ms" in expired.json()["message"]
+    assert fresh.status_code == 200 and fresh.json()[0]["label"] in CAT_LABELS
+    wait_for_log(queued_server.log_dir / "model_log.log",
+                 lambda lines: computed_requests(queued_server, QUEUED, log_start) >= 17)
+    assert computed_requests(queued_server, QUEUED, log_start) == 17      # not the expired one
+    assert expired_count(queued_server, QUEUED) == expired_before + 1
+
+
+def test_bad_deadline_headers_get_a_400_each_and_their_batch_mates_are_answered(queued_server):
+    bad_values = ["soon", "0", "-5", "1.5", "+20", ""]
+    headers = [{"X-Request-Timeout-Ms": value} for value in bad_values]
+    headers.insert(3, {"x-request-timeout-ms": "60000"})
+    replies = concurrently([partial(post, queued_server, photo_bytes("chelsea.png"), headers=h)
+                            for h in headers], len(headers))
+    good = replies.pop(3)
+    assert good.status_code == 200 and good.json()[0]["label"] in CAT_LABELS
+    for value, reply in zip(bad_values, replies, strict=True):
+        assert reply.status_code == 400, (value, reply.text)
+        assert reply.json()["type"] == "InvalidRequestTimeout", reply.text
+    assert ping(queued_server)
+
+
+def test_the_models_deadline_applies_without_a_header_and_caps_a_longer_one(queued_server):
+    """Version 1.0-deadline (MODEL_DEADLINE_MS, less than one large photo takes): a burst of 24
+    large photos, and one asking for an hour sent behind a queued batch. The first batch of the
+    version's fresh worker is taken (the worker has no batch times yet) and answered after its
+    deadline passed (TorchServe itself would drop those answers); every reply is an answer or a
+    504, the handler computed exactly the answered ones, the hour-long one is capped (504), and
+    describe reports the deadline."""
+    client = queued_server.client()
+    assert client.describe(MODEL, WITH_DEADLINE)[0]["clientTimeoutInMills"] == MODEL_DEADLINE_MS
+    photo = benchmark_jpeg("phone")
+    log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
+    expired_before = expired_count(queued_server, WITH_DEADLINE)
+
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        burst = [pool.submit(timed_post, queued_server, photo, WITH_DEADLINE) for _ in range(24)]
+        wait_until(lambda: int(client.describe(MODEL, WITH_DEADLINE)[0]["jobQueueStatus"]["pendingRequests"])
+                   >= 8, 60, "8 queued requests", interval_s=0.005)
+        last = post(queued_server, photo, version=WITH_DEADLINE,
+                    headers={"X-Request-Timeout-Ms": str(AN_HOUR_MS)})
+        timed = [reply.result() for reply in burst]
+        replies = [*(reply for reply, _ in timed), last]
+    statuses = [reply.status_code for reply in replies]
+    assert set(statuses) <= {200, 504} and 200 in statuses, statuses
+    assert any(reply.status_code == 200 and seconds * 1000 > MODEL_DEADLINE_MS for reply, seconds in timed)
+    assert replies[-1].status_code == 504, replies[-1].text
+    answered, expired = statuses.count(200), statuses.count(504)
+    wait_for_log(queued_server.log_dir / "model_log.log",
+                 lambda lines: computed_requests(queued_server, WITH_DEADLINE, log_start) >= answered)
+    assert computed_requests(queued_server, WITH_DEADLINE, log_start) == answered
+    assert expired_count(queued_server, WITH_DEADLINE) == expired_before + expired
+
+
 def test_scaling_and_unregistering_work(queued_server, model_store: Path):
     client = queued_server.client()
     client.scale(MODEL, QUEUED, 2, 2)
@@ -109,5 +220,6 @@ def test_scaling_and_unregistering_work(queued_server, model_store: Path):
     wait_for_workers(client, MODEL, QUEUED, 1, 300)
     client.set_default(MODEL, DELAYED)
     client.unregister(MODEL, QUEUED)
+    client.unregister(MODEL, WITH_DEADLINE)
     assert [v["modelVersion"] for v in client.describe(MODEL, "all")] == [DELAYED]
     assert ping(queued_server)

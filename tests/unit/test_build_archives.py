@@ -378,3 +378,23 @@ def test_queued_batching_is_switched_on_in_the_archive_and_read_back_from_descri
     assert (queued_version.batching, queued_version.max_batch_delay_ms) == ("queued", 0)
     delayed_version = ServingSettings.of_version({**described, "continuousBatching": False})
     assert (delayed_version.batching, delayed_version.max_batch_delay_ms) == ("delayed", 100)
+
+
+def test_a_deadline_goes_into_the_archive_with_queued_batching_only_and_is_read_back():
+    """`serving.deadline_ms` becomes TorchServe's clientTimeoutInMills, which only the frontend
+    agent's queued batching answers; delayed batching would drop expired requests unanswered."""
+    raw = {"name": "m", "labels": "imagenet",
+           "model": {"source": "timm", "architecture": "test_efficientnet", "weights": "fixed-seed:0"}}
+    assert frontend_settings(parse_description(raw))["clientTimeoutInMills"] == 0       # none
+    with_deadline = parse_description({**raw, "serving": {"deadline_ms": 800}})
+    assert frontend_settings(with_deadline)["clientTimeoutInMills"] == 800
+    with pytest.raises(DescriptionError, match="needs batching: queued"):
+        parse_description({**raw, "serving": {"batching": "delayed", "deadline_ms": 800}})
+    for bad in (-1, 1.5, "800", True):
+        with pytest.raises(DescriptionError, match="whole number of milliseconds"):
+            parse_description({**raw, "serving": {"deadline_ms": bad}})
+    described = {"batchSize": 8, "maxBatchDelay": 100, "minWorkers": 2, "maxWorkers": 2,
+                 "responseTimeout": 60, "startupTimeout": 120, "clientTimeoutInMills": 800}
+    assert ServingSettings.of_version({**described, "continuousBatching": True}).deadline_ms == 800
+    # TorchServe's own batching (an archive made elsewhere): not a deadline this project answers.
+    assert ServingSettings.of_version({**described, "continuousBatching": False}).deadline_ms == 0

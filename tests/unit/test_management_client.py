@@ -67,6 +67,9 @@ def test_settings_version_replaces_an_earlier_suffix():
     queued = ServingSettings(16, 0, 1, 1, 60, batching="queued")
     assert settings_version("1.0-bs8-d20", queued) == "1.0-bs16-q"
     assert settings_version("1.0-bs16-q", delayed) == "1.0-bs16-d5"
+    with_deadline = ServingSettings(16, 0, 1, 1, 60, batching="queued", deadline_ms=800)
+    assert settings_version("1.0-bs16-q", with_deadline) == "1.0-bs16-q-t800"
+    assert settings_version("1.0-bs16-q-t800", queued) == "1.0-bs16-q"
 
 
 def test_archive_with_version_rewrites_only_the_manifest_version(tmp_path):

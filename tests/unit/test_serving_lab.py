@@ -23,6 +23,7 @@ from torchserve_vision.lab.batch_model import (
 )
 from torchserve_vision.lab.batching_policies import as_text, goals
 from torchserve_vision.lab.cascade_tradeoff import cascade_inputs
+from torchserve_vision.lab.goodput import goodput_row
 from torchserve_vision.lab.loadgen import (
     LoadTarget,
     Result,
@@ -232,3 +233,14 @@ def test_detector_parts_times_every_part_of_the_served_detector_and_refuses_a_cl
     assert detector_parts.table(figures).splitlines()[0].split() == ["part", "batch", "1", "ms"]
     with pytest.raises(ValueError, match=r"efficientnet_lite0-1\.0\.mar: not a detector archive"):
         detector_parts.measure(model_store / "efficientnet_lite0-1.0.mar", 1, [1], 1, 1)
+
+
+def test_goodput_counts_only_answers_within_the_clients_timeout():
+    results = [Result(0.0, 200.0, 200), Result(0.1, 900.0, 200), Result(0.2, 1500.0, 200),
+               Result(0.3, 5.0, 503), Result(0.4, 300.0, 504), Result(0.5, 1000.0, 0),
+               Result(0.6, 10.0, 500)]
+    row = goodput_row(results, timeout_ms=1000, duration_s=2.0, deadlines=True, load=2.0,
+                      offered_rps=7.0)
+    assert row.goodput_rps == 1.0                     # 2 useful answers in 2 s
+    assert (row.late, row.shed, row.expired, row.timed_out, row.other_errors) == (1, 1, 1, 1, 1)
+    assert row.sent == 7 and 200.0 < row.useful_p99_ms <= 900.0

@@ -288,14 +288,15 @@ def frontend_settings(description: ModelDescription) -> dict[str, Any]:
     """Top-level keys of the archive's YAML that TorchServe's frontend reads. It takes the
     timeouts from the archive whenever the archive has a YAML (120 s when the YAML omits them),
     whatever config.properties says; workers and batch settings stay with the register call and
-    `models=`, which scale and rollouts change; queued batching is switched on here, for the
-    frontend agent (torchserve_vision/frontend). `handler.continuous_batching` (TorchServe's
+    `models=`, which scale and rollouts change; queued batching and its deadline are switched on
+    here, for the frontend agent (torchserve_vision/frontend). `handler.continuous_batching` (TorchServe's
     asynchronous worker mode, handlers/continuous_serving.py) is refused: see the message."""
     serving = description.serving
     settings: dict[str, Any] = {"startupTimeout": serving.startup_timeout_s,
                                 "responseTimeout": serving.response_timeout_s}
     if serving.batching == QUEUED:
         settings["continuousBatching"] = True   # the frontend agent's queued batching
+        settings["clientTimeoutInMills"] = serving.deadline_ms   # its deadlines (0: none)
     if description.handler_options.get("continuous_batching"):
         raise BuildError(f"{description.name}: continuous batching is measured in the lab only "
                          "(torchserve-vision lab policies): TorchServe 0.12's asynchronous frontend "

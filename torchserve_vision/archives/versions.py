@@ -75,12 +75,12 @@ def archive_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def archive_batching(path: Path) -> str:
-    """The archive's batching policy: `queued` when its YAML asks for TorchServe's
-    ContinuousBatching, which the frontend agent answers with queued batching; else `delayed`."""
+def archive_frontend_settings(path: Path) -> dict[str, Any]:
+    """The top-level keys of the archive's YAML (what TorchServe's frontend reads); {} for an
+    archive without one."""
     config_file = archive_manifest(path).get("configFile")
     if not config_file:
-        return DELAYED
+        return {}
     try:
         with zipfile.ZipFile(path) as archive:
             model_yaml = yaml.safe_load(archive.read(config_file)) or {}
@@ -88,11 +88,25 @@ def archive_batching(path: Path) -> str:
         raise ArchiveError(f"{path}: its {config_file} is not readable: {error}") from None
     if not isinstance(model_yaml, dict):
         raise ArchiveError(f"{path}: its {config_file} is not a mapping")
-    return QUEUED if model_yaml.get("continuousBatching") else DELAYED
+    return {key: value for key, value in model_yaml.items() if key != "handler"}
+
+
+def archive_batching(path: Path) -> str:
+    """The archive's batching policy: `queued` when its YAML asks for TorchServe's
+    ContinuousBatching, which the frontend agent answers with queued batching; else `delayed`."""
+    return QUEUED if archive_frontend_settings(path).get("continuousBatching") else DELAYED
+
+
+def archive_deadline_ms(path: Path) -> int:
+    """The archive's request deadline in ms (its YAML's `clientTimeoutInMills`; 0: none), which
+    only queued batching answers."""
+    settings = archive_frontend_settings(path)
+    return int(settings.get("clientTimeoutInMills") or 0) if settings.get("continuousBatching") else 0
 
 
 def settings_version(base_version: str, settings: ServingSettings) -> str:
-    """`1.0` + batch 16, delay 5 ms -> `1.0-bs16-d5`; queued batching -> `1.0-bs16-q` (a previous
-    suffix is replaced)."""
+    """`1.0` + batch 16, delay 5 ms -> `1.0-bs16-d5`; queued batching -> `1.0-bs16-q`, with a
+    deadline of 800 ms `1.0-bs16-q-t800` (a previous suffix is replaced)."""
     batching = "q" if settings.batching == QUEUED else f"d{settings.max_batch_delay_ms}"
-    return f"{base_version.split('-bs')[0]}-bs{settings.batch_size}-{batching}"
+    deadline = f"-t{settings.deadline_ms}" if settings.deadline_ms else ""
+    return f"{base_version.split('-bs')[0]}-bs{settings.batch_size}-{batching}{deadline}"

@@ -32,6 +32,7 @@ from torchserve_vision.lab import (
     compile_speed,
     detector_parts,
     engines,
+    goodput,
     loadgen,
     near_duplicates,
     precision_spread,
@@ -49,6 +50,7 @@ from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.photo_sets import PhotoSetError
 from torchserve_vision.photos import photo_path
 from torchserve_vision.server_process import configured_model_store
+from torchserve_vision.waiting import wait_until
 
 DESCRIPTION = """\
 The serving lab: drive a server with load, profile an archive in-process, sweep and tune batch
@@ -61,7 +63,7 @@ def register(commands: argparse._SubParsersAction, summary: str) -> None:
     parser = subcommand(commands, "lab", summary, DESCRIPTION)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_policies, add_compile_speed,
-                add_engines, add_detector_parts, add_precision, add_startup, add_rollout_drill,
+                add_engines, add_detector_parts, add_goodput, add_precision, add_startup, add_rollout_drill,
                 add_plan, add_rolling_update, add_cascade, add_cache, add_near_duplicates,
                 add_protocols, add_shadow):
         add(actions)
@@ -98,6 +100,49 @@ def add_load(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--self-test", action="store_true",
                         help="measure the client's own ceiling against an instant local server")
     parser.set_defaults(run=run_load)
+
+
+def add_goodput(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "goodput",
+                        "answers within the client's timeout per second, at 1x-3x capacity, "
+                        "with and without deadlines", goodput.__doc__ or "",
+                        [connection_flags(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--version")
+    parser.add_argument("--image", type=Path, help="default: scikit-image's chelsea.png")
+    parser.add_argument("--timeout-ms", type=float, default=1000.0,
+                        help="how long a client waits (and, with deadlines, its deadline)")
+    parser.add_argument("--load", type=float, action="append",
+                        help="offered load as a multiple of capacity (repeatable; default 1, 2, 3)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(run=run_goodput)
+
+
+def run_goodput(args: argparse.Namespace) -> int:
+    client = client_from(args)
+    body = (args.image or photo_path()).read_bytes()
+    target = loadgen.LoadTarget(client.prediction_url(args.model, args.version), [body],
+                                client.inference_headers())
+
+    version = client.describe(args.model, args.version)[0]["modelVersion"]
+
+    def drain() -> None:
+        wait_until(lambda: int(client.describe(args.model, version)[0]["jobQueueStatus"]
+                               ["pendingRequests"]) == 0, 300, "an empty queue", interval_s=0.2)
+        time.sleep(1.0)        # the last batches finish
+
+    capacity, rows = goodput.measure_goodput(target, args.timeout_ms, args.load or [1.0, 2.0, 3.0],
+                                             args.duration, drain, args.seed)
+    if args.json:
+        print(json.dumps({"capacity_rps": capacity, "timeout_ms": args.timeout_ms,
+                          "rows": [asdict(row) for row in rows]}, indent=2))
+        return 0
+    print(f"capacity {capacity:.1f} requests/s (closed loop, {goodput.CAPACITY_CLIENTS} clients); "
+          f"client timeout {args.timeout_ms:.0f} ms")
+    for row in rows:
+        print(row.line(capacity))
+    return 0
 
 
 def progress_printer() -> loadgen.Progress:

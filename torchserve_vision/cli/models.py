@@ -17,6 +17,7 @@ from torchserve_vision import paths
 from torchserve_vision.archives.versions import (
     ArchiveError,
     archive_batching,
+    archive_deadline_ms,
     archive_manifest,
     archive_with_version,
     settings_version,
@@ -108,7 +109,9 @@ failed (and was undone), 2 bad arguments, 130 interrupted (and undone).
 # --- output -------------------------------------------------------------------------------------
 def batching_text(description: dict[str, Any]) -> str:
     if description.get("continuousBatching"):
-        return "queued batching (no delay)"
+        deadline_ms = description.get("clientTimeoutInMills") or 0
+        deadline = f", deadline {deadline_ms} ms" if deadline_ms else ", no deadline"
+        return f"queued batching (no delay{deadline})"
     return f"max batch delay {description['maxBatchDelay']} ms"
 
 
@@ -247,6 +250,27 @@ def planned_batching(args: argparse.Namespace, archive: str, base: ServingSettin
         return base.batching
 
 
+def planned_deadline_ms(args: argparse.Namespace, archive: str, batching: str,
+                        base: ServingSettings) -> int:
+    """--deadline-ms (for a copy of the current archive), else the archive's own (the current
+    version's when the archive cannot say); none with delayed batching, which cannot answer one."""
+    requested = getattr(args, "deadline_ms", None)
+    if batching != QUEUED:
+        if requested:
+            raise RolloutError("--deadline-ms needs queued batching (TorchServe's own batching "
+                               "drops an expired request without answering it)")
+        return 0
+    if requested is not None:
+        if requested < 0:
+            raise RolloutError(f"--deadline-ms must be 0 (none) or more, got {requested}")
+        return int(requested)
+    path = args.model_store / archive
+    try:
+        return archive_deadline_ms(path) if archive and path.is_file() else base.deadline_ms
+    except ArchiveError:
+        return base.deadline_ms
+
+
 def planned_delay_ms(args: argparse.Namespace, batching: str, base: ServingSettings) -> int:
     """--max-batch-delay, else the current version's. Queued batching uses none (ServingSettings
     makes it 0); a delayed archive after a queued version needs one said."""
@@ -274,7 +298,7 @@ def rollout_plan(client: TorchServeClient, args: argparse.Namespace, archive: st
         min_workers=low, max_workers=high,
         response_timeout_s=args.response_timeout or base.response_timeout_s,
         startup_timeout_s=args.startup_timeout or base.startup_timeout_s,
-        batching=batching)
+        batching=batching, deadline_ms=planned_deadline_ms(args, archive, batching, base))
     return RolloutPlan(model=args.model, archive=archive, settings=settings,
                        smoke_image=args.smoke_image.read_bytes(),
                        expect_labels=frozenset(args.expect_label or ()),
@@ -317,14 +341,16 @@ def rollout_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         version = settings_version(current["modelVersion"], plan.settings)
         archive = (f"{args.model}-{version}.mar" if client.dry_run
                    else archive_with_version(args.model_store, current["modelUrl"], version,
-                                             frontend_changes={"continuousBatching":
-                                                               plan.settings.batching == QUEUED}))
+                                             frontend_changes={
+                                                 "continuousBatching": plan.settings.batching == QUEUED,
+                                                 "clientTimeoutInMills": plan.settings.deadline_ms}))
         print(f"new batch settings as version {version} ({archive})")
     elif archive is None:
         raise RolloutError("give the new archive, or --same-archive with new batch settings")
-    elif args.batching:
-        raise RolloutError("--batching applies to --same-archive: a new archive brings its own "
-                           "(serving.batching in config/models.yaml)")
+    elif args.batching or args.deadline_ms is not None:
+        raise RolloutError("--batching and --deadline-ms apply to --same-archive: a new archive "
+                           "brings its own (serving.batching, serving.deadline_ms in "
+                           "config/models.yaml)")
     plan = rollout_plan(client, args, archive)
     if client.dry_run and args.same_archive:
         print(f"[dry-run] would copy {plan.archive} and roll it out with {plan.settings}")
@@ -388,7 +414,8 @@ def candidate_plan(client: TorchServeClient, args: argparse.Namespace, percent: 
     low, high = worker_counts(args, client, (1, 1))
     batching = planned_batching(args, args.archive, base)
     settings = replace(base, min_workers=low, max_workers=high, batching=batching,
-                       max_batch_delay_ms=0 if batching == QUEUED else base.max_batch_delay_ms)
+                       max_batch_delay_ms=0 if batching == QUEUED else base.max_batch_delay_ms,
+                       deadline_ms=planned_deadline_ms(args, args.archive, batching, base))
     return ShadowPlan(args.model, args.archive, percent, settings, args.smoke_image.read_bytes(),
                       getattr(args, "queue_size", 64))
 
@@ -610,6 +637,10 @@ def register(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("--batching", choices=BATCHING_POLICIES,
                              help="with --same-archive: queued (take what is queued, never wait) "
                                   "or delayed (TorchServe's: wait up to --max-batch-delay)")
+            sub.add_argument("--deadline-ms", type=int,
+                             help="with --same-archive and queued batching: a request that "
+                                  "waited longer in the queue is answered 504, never computed "
+                                  "(0: none; default: the current version's)")
             sub.add_argument("--expect-label", action="append",
                              help="smoke test passes only with this top label (repeatable)")
             sub.add_argument("--compare-with-current", action="store_true",
@@ -627,7 +658,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--drain-grace", type=float, default=2.0,
                          help="seconds to wait after the old queue empties, for its last batch")
         sub.set_defaults(expect_label=None, compare_with_current=False, keep_old=False,
-                         same_archive=False, archive=None, abort=False, batching=None)
+                         same_archive=False, archive=None, abort=False, batching=None,
+                         deadline_ms=None)
     shadow = actions.add_parser("shadow", parents=[common],
                                 help="mirror a share of real requests to a candidate version")
     shadow.add_argument("model")

@@ -33,22 +33,28 @@ from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
-QUEUED, DELAYED, WITH_DEADLINE = "1.0-queued", "1.0-delayed", "1.0-deadline"
+QUEUED, DELAYED, WITH_DEADLINE, PRIORITIES = "1.0-queued", "1.0-delayed", "1.0-deadline", "1.0-priorities"
 AN_HOUR_MS = 3_600_000
 MODEL_DEADLINE_MS = 10        # less than one large photo takes
+# Large photos sent at once to keep one worker busy: enough that a queue builds up behind it
+# while they arrive (a batch of 8 of them takes about 150 ms with OpenVINO on a Zen 4 core).
+BUSY = 40
 EXPIRED = "ts_requests_expired_total"
+SHED_FOR_PRIORITY = "ts_requests_shed_for_priority_total"
 
 
 @pytest.fixture(scope="module")
 def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
-    """Lite0 three times on a server of its own, one worker each, batch size 8 and an hour of
+    """Lite0 four times on a server of its own, one worker each, batch size 8 and an hour of
     batch delay: version 1.0-queued with queued batching, 1.0-delayed with TorchServe's,
-    1.0-deadline queued with a deadline of MODEL_DEADLINE_MS."""
+    1.0-deadline queued with a deadline of MODEL_DEADLINE_MS, 1.0-priorities queued (for the
+    priority tests, whose high-priority requests change how its queue is kept)."""
     store = tmp_path_factory.mktemp("queued-store")
     shutil.copy(model_store / f"{MODEL}-1.0.mar", store)
     frontends: dict[str, dict[str, object]] = {
         QUEUED: {"continuousBatching": True}, DELAYED: {"continuousBatching": False},
-        WITH_DEADLINE: {"continuousBatching": True, "clientTimeoutInMills": MODEL_DEADLINE_MS}}
+        WITH_DEADLINE: {"continuousBatching": True, "clientTimeoutInMills": MODEL_DEADLINE_MS},
+        PRIORITIES: {"continuousBatching": True}}
     archives = {version: archive_with_version(store, f"{MODEL}-1.0.mar", version, frontend_changes=changes)
                 for version, changes in frontends.items()}
     for server in started_server(tmp_path_factory.mktemp("queued"), store, load_models=""):
@@ -123,8 +129,8 @@ def computed_requests(server: TorchServeInstance, version: str, after_line: int)
     return sum(batch["size"] for batch in batches if batch["version"] == version)
 
 
-def expired_count(server: TorchServeInstance, version: str) -> float:
-    return total(scrape(server.metrics_url), EXPIRED, model_name=MODEL, model_version=version)
+def expired_count(server: TorchServeInstance, version: str, metric: str = EXPIRED) -> float:
+    return total(scrape(server.metrics_url), metric, model_name=MODEL, model_version=version)
 
 
 def timed_post(server: TorchServeInstance, body: bytes, version: str,
@@ -135,7 +141,7 @@ def timed_post(server: TorchServeInstance, body: bytes, version: str,
 
 
 def test_a_request_past_its_deadline_is_answered_504_and_never_reaches_the_handler(queued_server):
-    """16 large photos keep the worker busy for two batches; a request with a deadline of 1 ms
+    """BUSY large photos keep the worker busy for a few batches; a request with a deadline of 1 ms
     sent behind them waits at least a batch: 504 with a JSON error, absent from the handler's
     batches, counted; a request without a deadline sent with it is answered."""
     photo = benchmark_jpeg("phone")
@@ -146,21 +152,21 @@ def test_a_request_past_its_deadline_is_answered_504_and_never_reaches_the_handl
     def pending() -> int:
         return int(client.describe(MODEL, QUEUED)[0]["jobQueueStatus"]["pendingRequests"])
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        busy = [pool.submit(post, queued_server, photo) for _ in range(16)]
+    with ThreadPoolExecutor(max_workers=BUSY) as pool:
+        busy = [pool.submit(post, queued_server, photo) for _ in range(BUSY)]
         # A batch runs and the next one is queued: what is sent now waits at least a batch.
         wait_until(lambda: pending() >= 8, 60, "8 queued requests", interval_s=0.005)
         expired, fresh = concurrently([
             lambda: post(queued_server, photo_bytes("chelsea.png"), headers={"X-Request-Timeout-Ms": "1"}),
             lambda: post(queued_server, photo_bytes("chelsea.png"))], 2)
-        assert [reply.result().status_code for reply in busy] == [200] * 16
+        assert [reply.result().status_code for reply in busy] == [200] * BUSY
     assert expired.status_code == 504, expired.text
     assert expired.headers["Content-Type"].startswith("application/json")
     assert expired.json()["type"] == "DeadlineExceeded" and "1 ms" in expired.json()["message"]
     assert fresh.status_code == 200 and fresh.json()[0]["label"] in CAT_LABELS
     wait_for_log(queued_server.log_dir / "model_log.log",
-                 lambda lines: computed_requests(queued_server, QUEUED, log_start) >= 17)
-    assert computed_requests(queued_server, QUEUED, log_start) == 17      # not the expired one
+                 lambda lines: computed_requests(queued_server, QUEUED, log_start) >= BUSY + 1)
+    assert computed_requests(queued_server, QUEUED, log_start) == BUSY + 1    # not the expired one
     assert expired_count(queued_server, QUEUED) == expired_before + 1
 
 
@@ -178,36 +184,86 @@ def test_bad_deadline_headers_get_a_400_each_and_their_batch_mates_are_answered(
     assert ping(queued_server)
 
 
+def pending_requests(server: TorchServeInstance, version: str) -> int:
+    return int(server.client().describe(MODEL, version)[0]["jobQueueStatus"]["pendingRequests"])
+
+
+def test_a_high_priority_request_is_taken_before_the_normal_ones_queued_ahead_of_it(queued_server):
+    """BUSY large photos keep the one worker busy for a few batches; a request with
+    `X-Request-Priority: high` sent while two batches' worth are queued joins the next batch, so
+    it is answered before normal requests that were queued before it. A bad priority is a 400
+    for that request alone."""
+    photo = benchmark_jpeg("phone")
+    finished: dict[str, float] = {}
+
+    def timed(name: str, headers: dict[str, str] | None = None) -> requests.Response:
+        reply = post(queued_server, photo if name != "high" else photo_bytes("chelsea.png"),
+                     version=PRIORITIES, headers=headers)
+        finished[name] = time.monotonic()
+        return reply
+
+    with ThreadPoolExecutor(max_workers=BUSY) as pool:
+        normal = [pool.submit(timed, f"normal {index}") for index in range(BUSY)]
+        wait_until(lambda: pending_requests(queued_server, PRIORITIES) >= 16, 60, "16 queued requests",
+                   interval_s=0.005)
+        high, bad = concurrently([partial(timed, "high", {"X-Request-Priority": "HIGH"}),
+                                  partial(timed, "bad", {"X-Request-Priority": "urgent"})], 2)
+        assert [reply.result().status_code for reply in normal] == [200] * BUSY
+    assert high.status_code == 200 and high.json()[0]["label"] in CAT_LABELS
+    assert bad.status_code == 400 and bad.json()["type"] == "InvalidRequestPriority", bad.text
+    later = [name for name, at in finished.items() if name.startswith("normal") and at > finished["high"]]
+    assert len(later) >= 8, finished
+
+
+def test_while_high_priority_requests_come_the_oldest_normal_ones_are_shed_to_keep_room(queued_server):
+    """After a high-priority request, a burst of 90 normal ones fills more than half of the
+    queue (TorchServe's job_queue_size, 100, here): the oldest beyond half are answered 503 with
+    Retry-After and a JSON error, counted; every other request is answered, and only those were
+    computed."""
+    queue_size = int(queued_server.effective_config.read_text().split("job_queue_size=")[1].split()[0])
+    assert queue_size == 100
+    photo = benchmark_jpeg("phone")
+    log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
+    shed_before = expired_count(queued_server, PRIORITIES, SHED_FOR_PRIORITY)
+    assert post(queued_server, photo, version=PRIORITIES, headers={"X-Request-Priority": "high"}).ok
+    replies = concurrently([partial(post, queued_server, photo, version=PRIORITIES)] * 90, 90)
+    statuses = [reply.status_code for reply in replies]
+    assert set(statuses) <= {200, 503}, statuses
+    shed = [reply for reply in replies if reply.status_code == 503]
+    assert shed, "the queue never held more than half its size"
+    for reply in shed:
+        assert reply.headers["Retry-After"] == "1" and reply.json()["type"] == "ServiceUnavailable"
+    answered = statuses.count(200) + 1
+    wait_for_log(queued_server.log_dir / "model_log.log",
+                 lambda lines: computed_requests(queued_server, PRIORITIES, log_start) >= answered)
+    assert computed_requests(queued_server, PRIORITIES, log_start) == answered
+    assert expired_count(queued_server, PRIORITIES, SHED_FOR_PRIORITY) == shed_before + len(shed)
+
+
 def test_the_models_deadline_applies_without_a_header_and_caps_a_longer_one(queued_server):
-    """Version 1.0-deadline (MODEL_DEADLINE_MS, less than one large photo takes): a burst of 24
-    large photos, and one asking for an hour sent behind a queued batch. The first batch of the
-    version's fresh worker is taken (the worker has no batch times yet) and answered after its
-    deadline passed (TorchServe itself would drop those answers); every reply is an answer or a
-    504, the handler computed exactly the answered ones, the hour-long one is capped (504), and
-    describe reports the deadline."""
+    """Version 1.0-deadline (MODEL_DEADLINE_MS, less than one large photo takes). Its fresh
+    worker has no batch time yet, so the first request is taken into a batch and answered, after
+    its deadline passed (TorchServe itself would drop that answer). From then on a batch is known
+    to take longer than the deadline: a request without a header, one asking for an hour (capped
+    by the model's deadline) and one asking for less are each answered 504 at once and never
+    computed, and counted; describe reports the deadline."""
     client = queued_server.client()
     assert client.describe(MODEL, WITH_DEADLINE)[0]["clientTimeoutInMills"] == MODEL_DEADLINE_MS
     photo = benchmark_jpeg("phone")
     log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
     expired_before = expired_count(queued_server, WITH_DEADLINE)
 
-    with ThreadPoolExecutor(max_workers=24) as pool:
-        burst = [pool.submit(timed_post, queued_server, photo, WITH_DEADLINE) for _ in range(24)]
-        wait_until(lambda: int(client.describe(MODEL, WITH_DEADLINE)[0]["jobQueueStatus"]["pendingRequests"])
-                   >= 8, 60, "8 queued requests", interval_s=0.005)
-        last = post(queued_server, photo, version=WITH_DEADLINE,
-                    headers={"X-Request-Timeout-Ms": str(AN_HOUR_MS)})
-        timed = [reply.result() for reply in burst]
-        replies = [*(reply for reply, _ in timed), last]
-    statuses = [reply.status_code for reply in replies]
-    assert set(statuses) <= {200, 504} and 200 in statuses, statuses
-    assert any(reply.status_code == 200 and seconds * 1000 > MODEL_DEADLINE_MS for reply, seconds in timed)
-    assert replies[-1].status_code == 504, replies[-1].text
-    answered, expired = statuses.count(200), statuses.count(504)
+    first, seconds = timed_post(queued_server, photo, WITH_DEADLINE)
+    assert first.status_code == 200 and seconds * 1000 > MODEL_DEADLINE_MS, (first.text, seconds)
+    for headers in ({}, {"X-Request-Timeout-Ms": str(AN_HOUR_MS)}, {"X-Request-Timeout-Ms": "5"}):
+        reply = post(queued_server, photo, version=WITH_DEADLINE, headers=headers)
+        assert reply.status_code == 504 and reply.json()["type"] == "DeadlineExceeded", (headers, reply.text)
+        deadline_ms = 5 if headers.get("X-Request-Timeout-Ms") == "5" else MODEL_DEADLINE_MS
+        assert f"deadline of {deadline_ms} ms" in reply.json()["message"], reply.text
     wait_for_log(queued_server.log_dir / "model_log.log",
-                 lambda lines: computed_requests(queued_server, WITH_DEADLINE, log_start) >= answered)
-    assert computed_requests(queued_server, WITH_DEADLINE, log_start) == answered
-    assert expired_count(queued_server, WITH_DEADLINE) == expired_before + expired
+                 lambda lines: computed_requests(queued_server, WITH_DEADLINE, log_start) >= 1)
+    assert computed_requests(queued_server, WITH_DEADLINE, log_start) == 1
+    assert expired_count(queued_server, WITH_DEADLINE) == expired_before + 3
 
 
 def test_scaling_and_unregistering_work(queued_server, model_store: Path):
@@ -221,5 +277,6 @@ def test_scaling_and_unregistering_work(queued_server, model_store: Path):
     client.set_default(MODEL, DELAYED)
     client.unregister(MODEL, QUEUED)
     client.unregister(MODEL, WITH_DEADLINE)
+    client.unregister(MODEL, PRIORITIES)
     assert [v["modelVersion"] for v in client.describe(MODEL, "all")] == [DELAYED]
     assert ping(queued_server)

@@ -239,7 +239,7 @@ def test_goodput_counts_only_answers_within_the_clients_timeout():
     results = [Result(0.0, 200.0, 200), Result(0.1, 900.0, 200), Result(0.2, 1500.0, 200),
                Result(0.3, 5.0, 503), Result(0.4, 300.0, 504), Result(0.5, 1000.0, 0),
                Result(0.6, 10.0, 500)]
-    row = goodput_row(results, timeout_ms=1000, duration_s=2.0, deadlines=True, load=2.0,
+    row = goodput_row(results, timeout_ms=1000, duration_s=2.0, setting="deadline", load=2.0,
                       offered_rps=7.0)
     assert row.goodput_rps == 1.0                     # 2 useful answers in 2 s
     assert (row.late, row.shed, row.expired, row.timed_out, row.other_errors) == (1, 1, 1, 1, 1)

@@ -114,6 +114,9 @@ def add_goodput(actions: argparse._SubParsersAction) -> None:
                         help="how long a client waits (and, with deadlines, its deadline)")
     parser.add_argument("--load", type=float, action="append",
                         help="offered load as a multiple of capacity (repeatable; default 1, 2, 3)")
+    parser.add_argument("--high-share", type=float, default=0.0,
+                        help="also a run with deadlines where this share of the requests asks "
+                             "for high priority (X-Request-Priority: high), e.g. 0.2")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(run=run_goodput)
@@ -132,8 +135,10 @@ def run_goodput(args: argparse.Namespace) -> int:
                                ["pendingRequests"]) == 0, 300, "an empty queue", interval_s=0.2)
         time.sleep(1.0)        # the last batches finish
 
+    if not 0.0 <= args.high_share < 1.0:
+        raise LabError(f"--high-share must be at least 0 and below 1, got {args.high_share}")
     capacity, rows = goodput.measure_goodput(target, args.timeout_ms, args.load or [1.0, 2.0, 3.0],
-                                             args.duration, drain, args.seed)
+                                             args.duration, drain, args.seed, args.high_share)
     if args.json:
         print(json.dumps({"capacity_rps": capacity, "timeout_ms": args.timeout_ms,
                           "rows": [asdict(row) for row in rows]}, indent=2))

@@ -11,16 +11,26 @@
  *
  * Deadlines: a request that can no longer be answered within its deadline (it waited in the queue
  * so long that, with a batch taking as long as this worker's recent ones, its answer would come
- * late) is answered 504, as JSON, when a worker next gathers, and never reaches the worker; once
- * in a batch it gets its answer whatever the time. Waiting up to the deadline itself would be
- * useless: under overload every request computed would then have waited nearly its deadline,
- * and its answer would come just after it. Its
- * deadline is its X-Request-Timeout-Ms header (milliseconds, a positive integer; anything else is
- * a 400 for that request alone), capped by the model's clientTimeoutInMills (the archive's YAML;
- * 0: none), or that alone. TorchServe's own use of clientTimeoutInMills is switched off for the
- * requests gathered here: it drops an expired request without an answer, and drops the answer
- * of a request whose deadline passed while its batch ran. Expired requests are counted in
+ * late) is answered 504, as JSON, when a worker next gathers (every queued request is checked
+ * then, not only those taken), and never reaches the worker; once in a batch it gets its answer
+ * whatever the time. Its deadline is its X-Request-Timeout-Ms header (milliseconds, a positive
+ * integer; anything else is a 400 for that request alone), capped by the model's
+ * clientTimeoutInMills (the archive's YAML; 0: none), or that alone. While the queue holds more
+ * than the workers can answer before the oldest request's deadline (at the recent batch time),
+ * batches take the newest requests first (adaptive LIFO): taken in arrival order, every request
+ * computed under overload would have waited nearly its deadline and many answers would come just
+ * after it; newest first, the answers that are computed come early and the requests that wait
+ * longest expire (requests without a deadline never switch the order, so they cannot starve). TorchServe's own use of
+ * clientTimeoutInMills is switched off for the requests gathered here: it drops an expired
+ * request without an answer, and drops the answer of a request whose deadline passed while its
+ * batch ran. Expired requests are counted in
  * ts_requests_expired_total{model_name, model_version, hostname}.
+ *
+ * Priorities: a request with `X-Request-Priority: high` is taken before every `normal` one (the
+ * default; any other value is a 400 for that request alone). While high-priority requests come
+ * (one within the last 10 s), half of the queue is kept free for them: the oldest normal
+ * requests beyond that are answered 503 with Retry-After, counted in
+ * ts_requests_shed_for_priority_total, so that a high-priority request finds room.
  *
  * This class takes the place of TorchServe's ContinuousBatching (its streaming aggregator, which
  * the frontend picks for an archive whose model-config.yaml says `continuousBatching: true`) when
@@ -34,7 +44,10 @@ package org.pytorch.serve.wlm;
 
 import java.lang.reflect.Field;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
+import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
@@ -55,18 +68,24 @@ import org.slf4j.LoggerFactory;
 public class ContinuousBatching extends BatchAggregator {
     private static final Logger logger = LoggerFactory.getLogger(ContinuousBatching.class);
     static final int EXPIRED_STATUS = 504;
-    static final int BAD_DEADLINE_STATUS = 400;
+    static final int BAD_HEADER_STATUS = 400;
+    static final int SHED_STATUS = 503;
     static final String DEADLINE_HEADER = "X-Request-Timeout-Ms";
+    static final String PRIORITY_HEADER = "X-Request-Priority";
     static final String EXPIRED_METRIC = "ts_requests_expired_total";
+    static final String SHED_METRIC = "ts_requests_shed_for_priority_total";
+    // How long after the last high-priority request room is still kept for the next.
+    static final long PRIORITY_MEMORY_NS = 10_000_000_000L;
     // Far enough ahead that TorchServe's clientExpireTS (now + this) never passes or overflows.
     static final long NEVER_MS = Long.MAX_VALUE / 4;
-    private static IMetric expiredCounter;
+    private static final Map<String, IMetric> COUNTERS = new HashMap<>();
 
     private final ReentrantLock modelLock;
     private final LinkedBlockingDeque<Job> queue;
     private final long modelTimeoutMs;
     private long batchStartNs;          // the running batch's start; 0 when none runs
     private double recentBatchMs;       // moving average of this worker's batch times
+    private long lastHighNs;            // when a high-priority request was last seen queued
 
     public ContinuousBatching(Model model) {
         super(model);
@@ -93,10 +112,13 @@ public class ContinuousBatching extends BatchAggregator {
     }
 
     /** The worker's next batch: its own management job if one is waiting (load, unload, scale),
-     * else the first queued request (waiting as long as it takes) and the requests queued behind
-     * it, up to the batch size; requests past their deadline, or with a bad deadline header, are
-     * answered on the way and leave no gap. TorchServe's describe job always travels alone. One
-     * worker gathers at a time (the model's lock, as in Model.pollBatch). */
+     * else, once a request is queued, up to the batch size of what is queued, without waiting.
+     * On the way every queued request that can no longer be answered within its deadline is
+     * answered 504, and one with a bad header 400 (see the class comment). The batch takes
+     * high-priority requests first, then the others; each group oldest first, or newest first
+     * while the queue holds more than can be answered before the oldest request's deadline
+     * (overload: taken in order, answers would mostly come too late). TorchServe's describe job always
+     * travels alone. One worker gathers at a time (the model's lock, as in Model.pollBatch). */
     @Override
     public void pollBatch(String threadName, WorkerState state) throws InterruptedException {
         boolean loaded = state == WorkerState.WORKER_MODEL_LOADED;
@@ -106,69 +128,143 @@ public class ContinuousBatching extends BatchAggregator {
         if (model.isUseJobTicket()) {
             model.incNumJobTickets();
         }
-        boolean predictions = false;
         modelLock.lockInterruptibly();
         try {
-            while (jobs.size() < model.getBatchSize()) {
-                Job next = jobs.isEmpty() ? queue.poll(Long.MAX_VALUE, TimeUnit.MILLISECONDS)
-                        : queue.poll();
-                if (next == null) {
-                    break;
+            while (jobs.isEmpty()) {       // until a request is left that may be computed
+                Job first = queue.poll(Long.MAX_VALUE, TimeUnit.MILLISECONDS);   // waits for work
+                if (first.getCmd() == WorkerCommands.DESCRIBE) {
+                    jobs.put(first.getJobId(), first);
+                    return;
                 }
-                if (next.getCmd() == WorkerCommands.DESCRIBE) {
-                    if (jobs.isEmpty()) {
-                        jobs.put(next.getJobId(), next);
-                    } else {
-                        queue.addFirst(next);
-                    }
-                    break;
+                if (!queue.offerFirst(first) && refusal(first, System.nanoTime()) == null) {
+                    take(first);   // the queue filled up meanwhile: it is first in any order
                 }
-                if (admitted(next)) {
-                    jobs.put(next.getJobId(), next);
-                    predictions = true;
-                }
+                gather();
             }
         } finally {
             modelLock.unlock();
         }
-        if (predictions) {
+        if (jobs.values().stream().anyMatch(job -> job.getCmd() == WorkerCommands.PREDICT)) {
             batchStartNs = System.nanoTime();     // timed until its answers (sendResponse)
         }
     }
 
-    /** Whether `job` joins the batch: not when its deadline header is bad (400) or its deadline
-     * has passed (504), each answered here. A job that joins is never dropped by TorchServe. */
-    private boolean admitted(Job job) {
-        long timeoutMs;
-        try {
-            timeoutMs = timeoutMs(job.getPayload().getHeaders());
-        } catch (IllegalArgumentException e) {
-            answer(job, BAD_DEADLINE_STATUS, "InvalidRequestTimeout", e.getMessage());
-            return false;
+    /** Fills `jobs` from the queue (see pollBatch); answers the requests it refuses. */
+    private void gather() {
+        long now = System.nanoTime();
+        List<Job> high = new ArrayList<>();
+        List<Job> normal = new ArrayList<>();
+        Job oldest = null;
+        for (Iterator<Job> queued = queue.iterator(); queued.hasNext(); ) {
+            Job job = queued.next();
+            if (job.getCmd() == WorkerCommands.DESCRIBE) {
+                if (jobs.isEmpty()) {
+                    queued.remove();
+                    jobs.put(job.getJobId(), job);
+                    return;
+                }
+                continue;
+            }
+            String refusal = refusal(job, now);
+            if (refusal != null) {
+                queued.remove();
+                continue;
+            }
+            oldest = oldest == null ? job : oldest;
+            (isHigh(job) ? high : normal).add(job);
         }
-        long waitedMs = (System.nanoTime() - job.getBegin()) / 1_000_000;
+        if (!high.isEmpty()) {
+            lastHighNs = now;
+        }
+        if (oldest != null && overloaded(oldest, high.size() + normal.size(), now)) {
+            Collections.reverse(high);
+            Collections.reverse(normal);
+        }
+        takeInto(high);
+        takeInto(normal);
+        if (now - lastHighNs < PRIORITY_MEMORY_NS && lastHighNs != 0) {
+            shedForHighPriority(normal);
+        }
+    }
+
+    private void takeInto(List<Job> candidates) {
+        for (Job job : candidates) {
+            if (jobs.size() >= model.getBatchSize()) {
+                return;
+            }
+            if (queue.removeFirstOccurrence(job)) {
+                take(job);
+            }
+        }
+    }
+
+    /** Joins `job` to the batch; TorchServe then never drops it for its clientTimeoutInMills. */
+    private void take(Job job) {
+        job.getPayload().setClientExpireTS(NEVER_MS);
+        jobs.put(job.getJobId(), job);
+    }
+
+    /** Null when `job` may still be computed; else why not, after answering it: 400 for a bad
+     * deadline or priority header, 504 when its answer could no longer come within its deadline
+     * (its wait so far plus this worker's recent batch time). */
+    private String refusal(Job job, long nowNs) {
+        long timeoutMs;
+        String badHeader = "InvalidRequestTimeout";
+        try {
+            timeoutMs = timeoutMs(job);
+            badHeader = "InvalidRequestPriority";
+            isHigh(job);
+        } catch (IllegalArgumentException e) {
+            answer(job, BAD_HEADER_STATUS, badHeader, e.getMessage(), null);
+            return e.getMessage();
+        }
+        long waitedMs = (nowNs - job.getBegin()) / 1_000_000;
         long batchMs = Math.round(recentBatchMs);
         if (timeoutMs > 0 && waitedMs + batchMs >= timeoutMs) {
-            answer(job, EXPIRED_STATUS, "DeadlineExceeded", "the request waited " + waitedMs
-                    + " ms in the queue and a batch takes about " + batchMs + " ms: it could not"
-                    + " be answered within its deadline of " + timeoutMs + " ms, so it was not"
-                    + " computed");
-            countExpired();
-            return false;
+            String message = "the request waited " + waitedMs + " ms in the queue and a batch"
+                    + " takes about " + batchMs + " ms: it could not be answered within its"
+                    + " deadline of " + timeoutMs + " ms, so it was not computed";
+            answer(job, EXPIRED_STATUS, "DeadlineExceeded", message, null);
+            count(EXPIRED_METRIC);
+            return message;
         }
-        job.getPayload().setClientExpireTS(NEVER_MS);
-        return true;
+        return null;
+    }
+
+    /** Whether the queue holds more than can be answered before the oldest request that can
+     * still make its deadline runs out of time: the queue's `waiting` requests take about
+     * ceil(waiting / (batch size x workers)) of this worker's recent batch times (a request
+     * without a deadline never makes it so). */
+    private boolean overloaded(Job oldest, int waiting, long nowNs) {
+        long timeoutMs = timeoutMs(oldest);
+        int perRound = model.getBatchSize() * Math.max(1, model.getMinWorkers());
+        double drainMs = Math.ceil((double) waiting / perRound) * recentBatchMs;
+        return timeoutMs > 0 && (nowNs - oldest.getBegin()) / 1e6 + drainMs > timeoutMs;
+    }
+
+    /** While high-priority requests come, half of the queue is kept free for them: the
+     * oldest normal requests beyond that are answered 503 (with Retry-After) now, instead of a
+     * high-priority request being refused at a full queue. */
+    private void shedForHighPriority(List<Job> normal) {
+        int capacity = queue.size() + queue.remainingCapacity();
+        int reserve = Math.max(1, capacity / 2);
+        for (Job job : normal) {
+            if (queue.remainingCapacity() >= reserve) {
+                return;
+            }
+            if (queue.removeFirstOccurrence(job)) {
+                answer(job, SHED_STATUS, "ServiceUnavailable", "the server is overloaded and "
+                        + "keeps room for high-priority requests (" + PRIORITY_HEADER + ")",
+                        Map.of("Retry-After", "1"));
+                count(SHED_METRIC);
+            }
+        }
     }
 
     /** The request's deadline in ms from its arrival (0: none): its header capped by the model's
      * deadline, or the model's. IllegalArgumentException, saying why, for a bad header. */
-    private long timeoutMs(Map<String, String> headers) {
-        String value = null;
-        for (Map.Entry<String, String> header : headers.entrySet()) {
-            if (DEADLINE_HEADER.equalsIgnoreCase(header.getKey())) {
-                value = header.getValue().trim();
-            }
-        }
+    private long timeoutMs(Job job) {
+        String value = header(job, DEADLINE_HEADER);
         if (value == null) {
             return modelTimeoutMs;
         }
@@ -185,9 +281,38 @@ public class ContinuousBatching extends BatchAggregator {
         return modelTimeoutMs > 0 ? Math.min(requested, modelTimeoutMs) : requested;
     }
 
+    /** Whether the request asks for high priority; IllegalArgumentException for a value other
+     * than `high` or `normal` (the default). */
+    private static boolean isHigh(Job job) {
+        String value = header(job, PRIORITY_HEADER);
+        if (value == null || "normal".equalsIgnoreCase(value)) {
+            return false;
+        }
+        if ("high".equalsIgnoreCase(value)) {
+            return true;
+        }
+        throw new IllegalArgumentException(PRIORITY_HEADER + " must be 'high' or 'normal', got '"
+                + value + "'");
+    }
+
+    /** A request header's trimmed value (names compared without case); null when absent. */
+    private static String header(Job job, String name) {
+        String value = null;
+        for (Map.Entry<String, String> header : job.getPayload().getHeaders().entrySet()) {
+            if (name.equalsIgnoreCase(header.getKey())) {
+                value = header.getValue().trim();
+            }
+        }
+        return value;
+    }
+
     /** A JSON error for one request, shaped like the handlers' ({"code", "type", "message"}):
-     * HTTP status and body, or for a gRPC client that status's gRPC error. */
-    private static void answer(Job job, int status, String type, String message) {
+     * HTTP status, headers and body, or for a gRPC client that status's gRPC error. The request
+     * is marked scheduled first: TorchServe adds its queue time to ts_queue_latency_microseconds
+     * when it is answered (unmarked, it would add minus its arrival time). */
+    private static void answer(Job job, int status, String type, String message,
+            Map<String, String> headers) {
+        job.setScheduled();
         if (job instanceof GRPCJob) {
             job.sendError(status, message);
             return;
@@ -195,11 +320,11 @@ public class ContinuousBatching extends BatchAggregator {
         String body = "{\"code\": " + status + ", \"type\": \"" + type + "\", \"message\": \""
                 + message.replace("\\", "\\\\").replace("\"", "\\\"") + "\"}";
         job.response(body.getBytes(StandardCharsets.UTF_8), "application/json", status, null,
-                null);
+                headers);
     }
 
-    private void countExpired() {
-        IMetric counter = expiredCounter();
+    private void count(String metric) {
+        IMetric counter = counter(metric);
         if (counter != null) {
             List<String> labels = Arrays.asList(model.getModelName(), model.getVersion(),
                     ConfigManager.getInstance().getHostName());
@@ -207,19 +332,21 @@ public class ContinuousBatching extends BatchAggregator {
         }
     }
 
-    /** The frontend's counter of expired requests, made once (a Prometheus collector registers
-     * its name once per process); null where it cannot be made (logged). */
-    private static synchronized IMetric expiredCounter() {
-        if (expiredCounter == null) {
+    /** The frontend's counter `name`, made once (a Prometheus collector registers its name once
+     * per process); null where it cannot be made (logged). */
+    private static synchronized IMetric counter(String name) {
+        if (!COUNTERS.containsKey(name)) {
+            IMetric counter = null;
             try {
-                expiredCounter = MetricBuilder.build(ConfigManager.getInstance().getMetricsMode(),
-                        MetricBuilder.MetricType.COUNTER, EXPIRED_METRIC, "Count",
+                counter = MetricBuilder.build(ConfigManager.getInstance().getMetricsMode(),
+                        MetricBuilder.MetricType.COUNTER, name, "Count",
                         Arrays.asList("model_name", "model_version", "hostname"));
             } catch (RuntimeException e) {
-                logger.warn("no {} metric: {}", EXPIRED_METRIC, e.toString());
+                logger.warn("no {} metric: {}", name, e.toString());
             }
+            COUNTERS.put(name, counter);
         }
-        return expiredCounter;
+        return COUNTERS.get(name);
     }
 
     /** TorchServe's gRPC jobs send whatever body a request gets as an answer with status OK

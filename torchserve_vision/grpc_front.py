@@ -19,7 +19,10 @@ service is declared under another package (`org.pytorch.serve.grpc.openinference
   RESOURCE_EXHAUSTED; 503 UNAVAILABLE; 504 DEADLINE_EXCEEDED; other INTERNAL) with the handler's
   error message as its details.
 - The call's metadata travels as HTTP headers (`authorization` carries the inference key when
-  token authorization is on); the call's deadline bounds the HTTP request.
+  token authorization is on); the call's deadline bounds the HTTP request and, for ModelInfer,
+  travels as its `X-Request-Timeout-Ms` (unless the metadata names one), so that a request
+  still queued when the client's deadline runs out is answered DEADLINE_EXCEEDED without being
+  computed (queued batching's deadlines, docs/configuration.md).
 Other methods of the service (model control, statistics, shared memory, model config) answer
 UNIMPLEMENTED: TorchServe's management API and the project's command do that work.
 """
@@ -27,6 +30,7 @@ UNIMPLEMENTED: TorchServe's management API and the project's command do that wor
 from __future__ import annotations
 
 import json
+import math
 import struct
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,6 +46,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from torchserve_vision.front_proxy import FrontError
 
 BINARY_HEADER = "Inference-Header-Content-Length"
+DEADLINE_HEADER = "X-Request-Timeout-Ms"
 T = TypeVar("T")
 # Numeric datatypes of the protocol, as little-endian NumPy types; BYTES is length-prefixed.
 NUMPY_TYPES = {"BOOL": "?", "UINT8": "u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
@@ -168,6 +173,14 @@ def forwarded_headers(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, 
             and key not in CONNECTION_METADATA}
 
 
+def deadline_headers(remaining_s: float | None, forwarded: Mapping[str, str]) -> dict[str, str]:
+    """{DEADLINE_HEADER: the call's remaining time in whole ms, at least 1} when the call has a
+    deadline and its metadata does not already say one (names compared without case); else {}."""
+    if remaining_s is None or any(name.lower() == DEADLINE_HEADER.lower() for name in forwarded):
+        return {}
+    return {DEADLINE_HEADER: str(max(1, math.ceil(remaining_s * 1000)))}
+
+
 TensorMetadata = service_pb2.ModelMetadataResponse.TensorMetadata
 
 
@@ -258,6 +271,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                    context: grpc.ServicerContext) -> service_pb2.ModelInferResponse:
         def infer() -> service_pb2.ModelInferResponse:
             path, headers, body = http_infer_request(request)
+            headers.update(deadline_headers(context.time_remaining(),
+                                            forwarded_headers(context.invocation_metadata())))
             answer = self._call(context, "POST", path, headers, body)
             if answer.status_code != 200:
                 raise refusal(answer.status_code, answer.content)

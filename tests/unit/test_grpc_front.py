@@ -17,6 +17,7 @@ from torchserve_vision.grpc_front import (
     BINARY_HEADER,
     Refused,
     bytes_elements,
+    deadline_headers,
     forwarded_headers,
     http_infer_request,
     infer_response,
@@ -115,3 +116,10 @@ def test_the_calls_metadata_travels_as_headers_but_grpcs_own_does_not():
         ("authorization", "Bearer k"), ("x-top-k", "2"), ("user-agent", "grpc-python"),
         ("grpc-accept-encoding", "gzip"), ("trace-bin", b"\x00\x01")]
     assert forwarded_headers(metadata) == {"authorization": "Bearer k", "x-top-k": "2"}
+
+
+def test_the_calls_deadline_travels_as_the_requests_deadline_unless_the_metadata_names_one():
+    assert deadline_headers(0.2504, {}) == {"X-Request-Timeout-Ms": "251"}
+    assert deadline_headers(0.0001, {}) == {"X-Request-Timeout-Ms": "1"}      # never 0 (a 400)
+    assert deadline_headers(None, {}) == {}
+    assert deadline_headers(0.25, {"x-request-timeout-ms": "100"}) == {}

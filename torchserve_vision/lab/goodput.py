@@ -6,7 +6,8 @@ deadlines, and with the client's timeout sent as its deadline (X-Request-Timeout
 frontend agent answers with 504 for a request that can no longer be answered in time; with
 `high_share`, a third run with deadlines sends that share of the requests with
 `X-Request-Priority: high` (two generators side by side), reported per priority. Between runs
-the model's queue is left to empty, so that one run's leftovers do not load the next. Each row
+the model's queue is left to empty, so that one run's leftovers do not load the next (and after
+a run with priorities, the workers' memory of high-priority requests runs out). Each row
 says how much CPU the load generator itself took: on a small machine it competes with the
 workers, and at three times capacity that is part of the gap to capacity.
 """
@@ -24,6 +25,9 @@ DEADLINE_HEADER = "X-Request-Timeout-Ms"
 PRIORITY_HEADER = "X-Request-Priority"
 CAPACITY_CLIENTS = 16
 MAX_IN_FLIGHT = 512
+# The frontend agent keeps room for high-priority requests for 10 s after the last one: a run
+# after one with priorities waits that out, or its queue would be kept half empty.
+PRIORITY_MEMORY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,8 @@ def runs_at(target: loadgen.LoadTarget, timeout_ms: float, load: float, capacity
         rows.extend(goodput_row(stream_results, timeout_ms, duration_s, name, load, offered * share, cpu)
                     for (name, _, share), stream_results in zip(streams, results, strict=True))
         drain()
+        if any(PRIORITY_HEADER in headers for _, headers, _ in streams):
+            time.sleep(PRIORITY_MEMORY_S)
     return rows
 
 

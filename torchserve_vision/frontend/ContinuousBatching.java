@@ -176,19 +176,23 @@ public class ContinuousBatching extends BatchAggregator {
         if (!high.isEmpty()) {
             lastHighNs = now;
         }
-        if (oldest != null && overloaded(oldest, high.size() + normal.size(), now)) {
-            Collections.reverse(high);
-            Collections.reverse(normal);
-        }
-        takeInto(high);
-        takeInto(normal);
+        boolean newestFirst = oldest != null && overloaded(oldest, high.size() + normal.size(), now);
+        takeInto(high, newestFirst);
+        takeInto(normal, newestFirst);
         if (now - lastHighNs < PRIORITY_MEMORY_NS && lastHighNs != 0) {
             shedForHighPriority(normal);
         }
     }
 
-    private void takeInto(List<Job> candidates) {
-        for (Job job : candidates) {
+    /** Takes `candidates` (in arrival order) into the batch until it is full, the newest first
+     * when `newestFirst`. */
+    private void takeInto(List<Job> candidates, boolean newestFirst) {
+        List<Job> order = candidates;
+        if (newestFirst) {
+            order = new ArrayList<>(candidates);
+            Collections.reverse(order);
+        }
+        for (Job job : order) {
             if (jobs.size() >= model.getBatchSize()) {
                 return;
             }
@@ -245,7 +249,7 @@ public class ContinuousBatching extends BatchAggregator {
     /** While high-priority requests come, half of the queue is kept free for them: the
      * oldest normal requests beyond that are answered 503 (with Retry-After) now, instead of a
      * high-priority request being refused at a full queue. */
-    private void shedForHighPriority(List<Job> normal) {
+    private void shedForHighPriority(List<Job> normal) {       // in arrival order
         int capacity = queue.size() + queue.remainingCapacity();
         int reserve = Math.max(1, capacity / 2);
         for (Job job : normal) {

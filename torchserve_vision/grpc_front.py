@@ -47,6 +47,7 @@ from torchserve_vision.front_proxy import FrontError
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 DEADLINE_HEADER = "X-Request-Timeout-Ms"
+NO_DEADLINE_S = 86_400.0     # a call's remaining time beyond a day is no deadline
 T = TypeVar("T")
 # Numeric datatypes of the protocol, as little-endian NumPy types; BYTES is length-prefixed.
 NUMPY_TYPES = {"BOOL": "?", "UINT8": "u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
@@ -175,8 +176,11 @@ def forwarded_headers(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, 
 
 def deadline_headers(remaining_s: float | None, forwarded: Mapping[str, str]) -> dict[str, str]:
     """{DEADLINE_HEADER: the call's remaining time in whole ms, at least 1} when the call has a
-    deadline and its metadata does not already say one (names compared without case); else {}."""
-    if remaining_s is None or any(name.lower() == DEADLINE_HEADER.lower() for name in forwarded):
+    deadline and its metadata does not already say one (names compared without case); else {}.
+    grpcio's server reports a call without a deadline as one about 10^19 s away, so anything
+    beyond NO_DEADLINE_S counts as none."""
+    if (remaining_s is None or not remaining_s < NO_DEADLINE_S
+            or any(name.lower() == DEADLINE_HEADER.lower() for name in forwarded)):
         return {}
     return {DEADLINE_HEADER: str(max(1, math.ceil(remaining_s * 1000)))}
 

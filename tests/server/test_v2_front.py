@@ -172,6 +172,20 @@ def test_grpc_inference_gives_the_http_answer(grpc_client, grpc_key, client, key
     assert result.as_numpy("probabilities").shape == ((1, 3) if datatype == "BYTES" else (3,))
 
 
+def test_a_grpc_calls_deadline_travels_as_the_requests_deadline(grpc_client, grpc_key):
+    """The front sends a call's deadline as X-Request-Timeout-Ms, which the frontend agent reads
+    (a malformed one would be a 400, INVALID_ARGUMENT): with one the call is answered as without;
+    a deadline header of the caller's own that is not a whole number is refused by the agent."""
+    photo = photo_bytes("chelsea.png")
+    result = grpc_client.infer(CLASSIFIER, [grpc_image(photo)], headers=grpc_key, client_timeout=30)
+    assert result.as_numpy("labels").reshape(-1)[0].decode() in CAT_LABELS
+    with pytest.raises(InferenceServerException) as refused:
+        grpc_client.infer(CLASSIFIER, [grpc_image(photo)], client_timeout=30,
+                          headers={**grpc_key, "x-request-timeout-ms": "soon"})
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "X-Request-Timeout-Ms" in refused.value.message()
+
+
 def test_grpc_several_images_and_asked_outputs_of_the_detector(grpc_client, grpc_key):
     images = np.array([photo_bytes("astronaut.png"), photo_bytes("chelsea.png")], dtype=np.object_)
     tensor = triton_grpc.InferInput("image", [2], "BYTES")

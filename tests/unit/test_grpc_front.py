@@ -122,4 +122,6 @@ def test_the_calls_deadline_travels_as_the_requests_deadline_unless_the_metadata
     assert deadline_headers(0.2504, {}) == {"X-Request-Timeout-Ms": "251"}
     assert deadline_headers(0.0001, {}) == {"X-Request-Timeout-Ms": "1"}      # never 0 (a 400)
     assert deadline_headers(None, {}) == {}
+    # grpcio's ServicerContext.time_remaining() for a call without a deadline
+    assert deadline_headers(1.8e19, {}) == {} and deadline_headers(float("inf"), {}) == {}
     assert deadline_headers(0.25, {"x-request-timeout-ms": "100"}) == {}

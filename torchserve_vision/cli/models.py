@@ -638,9 +638,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                              help="with --same-archive: queued (take what is queued, never wait) "
                                   "or delayed (TorchServe's: wait up to --max-batch-delay)")
             sub.add_argument("--deadline-ms", type=int,
-                             help="with --same-archive and queued batching: a request that "
-                                  "waited longer in the queue is answered 504, never computed "
-                                  "(0: none; default: the current version's)")
+                             help="with --same-archive and queued batching: a queued request "
+                                  "that can no longer be answered within this many ms is "
+                                  "answered 504, never computed (0: none; default: the current "
+                                  "version's)")
             sub.add_argument("--expect-label", action="append",
                              help="smoke test passes only with this top label (repeatable)")
             sub.add_argument("--compare-with-current", action="store_true",

@@ -109,7 +109,8 @@ def add_goodput(actions: argparse._SubParsersAction) -> None:
                         [connection_flags(), json_flag()])
     model_flag(parser)
     parser.add_argument("--version")
-    parser.add_argument("--image", type=Path, help="default: scikit-image's chelsea.png")
+    parser.add_argument("--image", type=Path, help="a JPEG to send (default: --image-size)")
+    image_size_flag(parser)
     parser.add_argument("--timeout-ms", type=float, default=1000.0,
                         help="how long a client waits (and, with deadlines, its deadline)")
     parser.add_argument("--load", type=float, action="append",
@@ -124,10 +125,9 @@ def add_goodput(actions: argparse._SubParsersAction) -> None:
 
 def run_goodput(args: argparse.Namespace) -> int:
     client = client_from(args)
-    body = (args.image or photo_path()).read_bytes()
+    body = args.image.read_bytes() if args.image else benchmark_jpeg(args.image_size)
     target = loadgen.LoadTarget(client.prediction_url(args.model, args.version), [body],
                                 client.inference_headers())
-
     version = client.describe(args.model, args.version)[0]["modelVersion"]
 
     def drain() -> None:
@@ -135,10 +135,11 @@ def run_goodput(args: argparse.Namespace) -> int:
                                ["pendingRequests"]) == 0, 300, "an empty queue", interval_s=0.2)
         time.sleep(1.0)        # the last batches finish
 
-    if not 0.0 <= args.high_share < 1.0:
-        raise LabError(f"--high-share must be at least 0 and below 1, got {args.high_share}")
-    capacity, rows = goodput.measure_goodput(target, args.timeout_ms, args.load or [1.0, 2.0, 3.0],
-                                             args.duration, drain, args.seed, args.high_share)
+    try:
+        capacity, rows = goodput.measure_goodput(target, args.timeout_ms, args.load or [1.0, 2.0, 3.0],
+                                                 args.duration, drain, args.seed, args.high_share)
+    except ValueError as error:
+        raise LabError(str(error)) from None
     if args.json:
         print(json.dumps({"capacity_rps": capacity, "timeout_ms": args.timeout_ms,
                           "rows": [asdict(row) for row in rows]}, indent=2))

@@ -129,7 +129,7 @@ def measure_goodput(target: loadgen.LoadTarget, timeout_ms: float, loads: Sequen
                     high_share: float = 0.0) -> tuple[float, list[GoodputRow]]:
     """(capacity in requests/s, the rows of every load, its settings interleaved)."""
     if not 0.0 <= high_share < 1.0:
-        raise ValueError(f"the high-priority share must be at least 0 and below 1, got {high_share}")
+        raise ValueError(f"--high-share must be at least 0 and below 1, got {high_share}")
     loadgen.run_closed_loop(target, CAPACITY_CLIENTS, min(duration_s, 3.0), 1_000_000)   # warm up
     capacity = loadgen.run_closed_loop(target, CAPACITY_CLIENTS, duration_s, 1_000_000).throughput_rps
     drain()

@@ -20,10 +20,10 @@
  * batches take the newest requests first (adaptive LIFO): taken in arrival order, every request
  * computed under overload would have waited nearly its deadline and many answers would come just
  * after it; newest first, the answers that are computed come early and the requests that wait
- * longest expire (requests without a deadline never switch the order, so they cannot starve). TorchServe's own use of
- * clientTimeoutInMills is switched off for the requests gathered here: it drops an expired
- * request without an answer, and drops the answer of a request whose deadline passed while its
- * batch ran. Expired requests are counted in
+ * longest expire (requests without a deadline never switch the order, so they cannot starve).
+ * TorchServe's own use of clientTimeoutInMills is switched off for the requests gathered here:
+ * it drops an expired request without an answer, and drops the answer of a request whose
+ * deadline passed while its batch ran. Expired requests are counted in
  * ts_requests_expired_total{model_name, model_version, hostname}.
  *
  * Priorities: a request with `X-Request-Priority: high` is taken before every `normal` one (the
@@ -117,8 +117,8 @@ public class ContinuousBatching extends BatchAggregator {
      * answered 504, and one with a bad header 400 (see the class comment). The batch takes
      * high-priority requests first, then the others; each group oldest first, or newest first
      * while the queue holds more than can be answered before the oldest request's deadline
-     * (overload: taken in order, answers would mostly come too late). TorchServe's describe job always
-     * travels alone. One worker gathers at a time (the model's lock, as in Model.pollBatch). */
+     * (overload: taken in order, answers would mostly come too late). TorchServe's describe job
+     * always travels alone. One worker gathers at a time (the model's lock, as in Model.pollBatch). */
     @Override
     public void pollBatch(String threadName, WorkerState state) throws InterruptedException {
         boolean loaded = state == WorkerState.WORKER_MODEL_LOADED;

@@ -118,7 +118,8 @@ public class ContinuousBatching extends BatchAggregator {
      * high-priority requests first, then the others; each group oldest first, or newest first
      * while the queue holds more than can be answered before the oldest request's deadline
      * (overload: taken in order, answers would mostly come too late). TorchServe's describe job
-     * always travels alone. One worker gathers at a time (the model's lock, as in Model.pollBatch). */
+     * always travels alone. One worker gathers at a time (the model's lock, as in
+     * Model.pollBatch). */
     @Override
     public void pollBatch(String threadName, WorkerState state) throws InterruptedException {
         boolean loaded = state == WorkerState.WORKER_MODEL_LOADED;
@@ -176,7 +177,8 @@ public class ContinuousBatching extends BatchAggregator {
         if (!high.isEmpty()) {
             lastHighNs = now;
         }
-        boolean newestFirst = oldest != null && overloaded(oldest, high.size() + normal.size(), now);
+        boolean newestFirst =
+                oldest != null && overloaded(oldest, high.size() + normal.size(), now);
         takeInto(high, newestFirst);
         takeInto(normal, newestFirst);
         if (now - lastHighNs < PRIORITY_MEMORY_NS && lastHighNs != 0) {

@@ -19,8 +19,8 @@ service is declared under another package (`org.pytorch.serve.grpc.openinference
   RESOURCE_EXHAUSTED; 503 UNAVAILABLE; 504 DEADLINE_EXCEEDED; other INTERNAL) with the handler's
   error message as its details.
 - The call's metadata travels as HTTP headers (`authorization` carries the inference key when
-  token authorization is on); the call's deadline bounds the HTTP request and, for ModelInfer,
-  travels as its `X-Request-Timeout-Ms` (unless the metadata names one), so that a request
+  token authorization is on); the call's deadline bounds the HTTP request and travels as its
+  `X-Request-Timeout-Ms` (unless the metadata names one), so that a request
   still queued when the client's deadline runs out is answered DEADLINE_EXCEEDED without being
   computed (queued batching's deadlines, docs/configuration.md).
 Other methods of the service (model control, statistics, shared memory, model config) answer
@@ -211,7 +211,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
               headers: Mapping[str, str] | None = None, body: bytes | None = None) -> requests.Response:
         remaining = context.time_remaining()
         timeout = self.timeout_s if remaining is None else max(min(remaining, self.timeout_s), 0.001)
-        sent = {**forwarded_headers(context.invocation_metadata()), **(headers or {})}
+        forwarded = forwarded_headers(context.invocation_metadata())
+        sent = {**forwarded, **deadline_headers(remaining, forwarded), **(headers or {})}
         try:
             return self._session().request(method, self.http_url + path, headers=sent, data=body,
                                            timeout=timeout)
@@ -275,8 +276,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                    context: grpc.ServicerContext) -> service_pb2.ModelInferResponse:
         def infer() -> service_pb2.ModelInferResponse:
             path, headers, body = http_infer_request(request)
-            headers.update(deadline_headers(context.time_remaining(),
-                                            forwarded_headers(context.invocation_metadata())))
             answer = self._call(context, "POST", path, headers, body)
             if answer.status_code != 200:
                 raise refusal(answer.status_code, answer.content)

@@ -23,9 +23,10 @@ NEW_VERSION = "2.0-rolled"      # this module's own version name: no other modul
 def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop_does(model_store: Path):
     """Both pods rolled with SIGTERM onto the new version, then (same run, same load) the first
     pod stopped the way TorchServe's stock image stops: the rehearsal sees failures when there
-    are some. The stock stop fails the requests sent in the second or so before the balancer
-    notices: 0 to 7 of them at 15 requests/s (a zero seen once in four), 9 to 14 at 30/s, the
-    rate here."""
+    are some. The stock stop fails the requests sent to its pod before the balancer notices,
+    which takes two failed checks 250 ms apart, so at least a quarter second at 15 requests/s per
+    pod: 5 to 16 failed per stock-stopped pod at 30/s, the rate here. (Out after one failed
+    check, the window could be nearly nothing: 0 to 7 failed at 15/s, and once 0 at 30/s.)"""
     rolled = archive_with_version(model_store, CLASSIFIER, NEW_VERSION)
     report = rehearse(paths.DEVELOPMENT_CONFIG, model_store, pod_count=2, rate_rps=30,
                       drain_delay_s=1.0, settle_s=1.0, load_models=CLASSIFIER, stock_stop_after=True,

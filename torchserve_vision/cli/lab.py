@@ -575,7 +575,8 @@ def add_rolling_update(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--pods", type=int, default=2)
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second offered")
     parser.add_argument("--drain-delay", type=float, default=2.0,
-                        help="each pod's --drain-delay (HAProxy checks readiness every 250 ms)")
+                        help="each pod's --drain-delay (HAProxy checks readiness every 250 ms, "
+                             "a pod out after two failures)")
     parser.add_argument("--load-models", default="efficientnet_lite0-1.0.mar",
                         help="the archives each pod loads (default: the classifier)")
     parser.add_argument("--stock-stop", action="store_true",

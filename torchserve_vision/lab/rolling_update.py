@@ -7,10 +7,11 @@ each pod stopped and started in turn as Kubernetes does it, under continuous ope
 Each pod is a `torchserve-vision server run` process (config/config.properties on free
 127.0.0.1 ports, the project's model store, probes on a port of its own). HAProxy (Debian's
 package) balances requests over the pods and health-checks each pod's GET /ready every 250 ms,
-as a Service's endpoints follow readiness; it does not retry a failed request (`retries 0`), so
-a request sent to a pod that cannot answer counts as a failure. Per pod: SIGTERM (readiness
-false, `--drain-delay` of serving while HAProxy takes it out, drain, stop, exit 0), then a new
-process on the same ports, until ready and back in HAProxy's rotation. Reported: every step's
+as a Service's endpoints follow readiness (out after two failed checks in a row); it does not
+retry a failed request (`retries 0`), so a request sent to a pod that cannot answer counts as a
+failure. Per pod: SIGTERM (readiness false, `--drain-delay` of serving while HAProxy takes it
+out, drain, stop, exit 0), then a new process on the same ports, until ready and back in
+HAProxy's rotation. Reported: every step's
 time and exit status, requests sent and failed over the whole run. `--stock-stop` stops each
 pod with `torchserve --stop` instead (no readiness change, no drain), for comparison.
 
@@ -46,6 +47,11 @@ from torchserve_vision.torchserve_config import free_ports, read_properties, ren
 from torchserve_vision.waiting import wait_until
 
 CHECK_INTERVAL_MS = 250
+# A pod leaves the rotation after this many failed checks in a row (a readiness probe's
+# failureThreshold, 3 by default on Kubernetes): a stop that does not change readiness first
+# keeps its pod in the rotation at least (CHECKS_TO_FALL - 1) * CHECK_INTERVAL_MS after it
+# starts failing, so the rehearsal always sees what such a stop costs.
+CHECKS_TO_FALL = 2
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ backend pods
     balance roundrobin
     option httpchk GET /ready
     http-check expect status 200
-    default-server inter {CHECK_INTERVAL_MS}ms fall 1 rise 2
+    default-server inter {CHECK_INTERVAL_MS}ms fall {CHECKS_TO_FALL} rise 2
 {servers}
 """
 

@@ -5,10 +5,13 @@ one import from TorchServe happens only when there is one."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from handlers.batch_record import STAGES, BatchRecord
+from handlers.drift.drift_features import Observation
+from handlers.drift.drift_profile import DriftProfile
 from handlers.model.runner_selection import RunnerChoice
 
 
@@ -103,3 +106,34 @@ def emit_shadow_dropped(metrics: Any, model: str, candidate: str, reason: str) -
     if metrics is not None:
         metrics.add_counter("HandlerShadowDropped", 1, dimensions=shadow_dimensions(
             model, candidate, MetricDimension("Reason", reason)))
+
+
+def drift_dimensions(model: str, version: str, feature: str, bucket: str) -> list[MetricDimension]:
+    """Named in full: the version is not among TorchServe's default dimensions, and the
+    reference is emitted at worker start, outside any request."""
+    return [MetricDimension("ModelName", model), MetricDimension("Level", "Model"),
+            MetricDimension("ModelVersion", version), MetricDimension("Feature", feature),
+            MetricDimension("Bucket", bucket)]
+
+
+def emit_drift_observations(metrics: Any, model: str, version: str,
+                            counts: Mapping[Observation, int]) -> None:
+    """A batch's drift observations: HandlerDriftObserved{ModelVersion, Feature, Bucket} += count."""
+    if metrics is None:
+        return
+    for (feature, bucket), count in counts.items():
+        metrics.add_counter("HandlerDriftObserved", count,
+                            dimensions=drift_dimensions(model, version, feature, bucket))
+
+
+def emit_drift_reference(metrics: Any, model: str, version: str, profile: DriftProfile) -> None:
+    """The version's reference profile: HandlerDriftReference{ModelVersion, Feature, Bucket} = share."""
+    if metrics is None:
+        return
+    from ts.metrics.metric_type_enum import MetricTypes
+
+    for feature, shares in profile.shares.items():
+        for bucket, share in shares.items():
+            metrics.add_metric("HandlerDriftReference", round(share, 6), "share",
+                               dimensions=drift_dimensions(model, version, feature, bucket),
+                               metric_type=MetricTypes.GAUGE)

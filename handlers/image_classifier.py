@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from handlers.drift.drift_features import Observation, classification_observations
 from handlers.model.classifier_model import ClassifierModel
 from handlers.model.compiled_model import Runner
 from handlers.model.settings import ClassifierSettings, parse_classifier_settings
@@ -69,6 +70,9 @@ class ImageClassifierHandler(
         top_ks = [item.options.top_k for item in items]
         ranked = top_k_classes(model_output, self.labels, max(top_ks))
         return [scores[:k] for scores, k in zip(ranked, top_ks, strict=True)]
+
+    def answer_observations(self, answer: list[ClassScore]) -> list[Observation]:
+        return classification_observations(answer, len(self.labels))
 
     def v2_outputs(self, answer: list[ClassScore]) -> list[TensorOutput]:
         return classification_outputs(answer)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from handlers.drift.drift_features import Observation, detection_observations
 from handlers.model.detector_model import DetectorModel
 from handlers.model.settings import DetectorSettings, parse_detector_settings
 from handlers.request.detection_options import OPTION_FIELDS, parse_detection_options
@@ -60,6 +61,9 @@ class ObjectDetectorHandler(
         found = self.detector.detections(model_output, model_input, [item.image for item in items],
                                          [item.options for item in items])
         return [format_detections(detections, self.labels) for detections in found]
+
+    def answer_observations(self, answer: list[Detection]) -> list[Observation]:
+        return detection_observations(answer, len(self.labels))
 
     def v2_outputs(self, answer: list[Detection]) -> list[TensorOutput]:
         return detection_outputs(answer)

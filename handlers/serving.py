@@ -33,6 +33,9 @@ from handlers.batch_metrics import emit_batch_metrics, emit_runner_choice
 from handlers.batch_record import BatchRecord
 from handlers.cache.cache_stage import CACHE_HEADER, CacheStage, cache_stage_for
 from handlers.continuous_serving import ContinuousServing, continuous_batching_of
+from handlers.drift.drift_features import Observation
+from handlers.drift.drift_profile import read_profile
+from handlers.drift.drift_stage import DriftStage
 from handlers.errors import ClientError
 from handlers.model.model_loading import resolve_device
 from handlers.model.runner_selection import RunnerChoice
@@ -112,6 +115,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         # Copies of a share of the answered requests to a candidate version, when the server has
         # a traffic directory (handlers.shadow).
         self.shadow: ShadowStage | None = None
+        # Every computed request counted into the drift buckets (handlers.drift), exported
+        # against the archive's reference profile when it has one.
+        self.drift: DriftStage | None = None
 
     # --- TorchServe entry points -------------------------------------------------------
     def initialize(self, context: TorchServeContext) -> None:
@@ -154,6 +160,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         )
         for role, choice in self.runners.items():
             emit_runner_choice(getattr(context, "metrics", None), role, choice)
+        self.drift = DriftStage(self.model_name, self.model_version, read_profile(self.model_dir),
+                                self.answer_observations)
+        self.drift.export_reference(getattr(context, "metrics", None))
         self.cache = cache_stage_for(handler_settings, self.model_name, self.model_version)
         self.shadow = shadow_stage_for(self.model_name, self.model_version, self.compare_answers,
                                        self.replayable)
@@ -234,6 +243,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                 slot.answer_with(own if slot.several else own[0])
         if self.cache is not None:
             self.cache.store(computed, record)
+        if self.drift is not None:
+            self.observe_drift(computed)
         if self.shadow is not None:
             self.shadow.offer(slots)
         self.finish_record(record, slots)
@@ -271,6 +282,15 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                 answers += self.answer_items(items[start:start + self.max_batch_size], record)
         self.record_answers(record, answers)
         return answers
+
+    def observe_drift(self, computed: Sequence[RequestSlot]) -> None:
+        """Count the computed requests into the drift buckets. Monitoring never fails a batch:
+        an error here is logged and the answers go out."""
+        assert self.drift is not None
+        try:
+            self.drift.observe(computed, getattr(computed[0].context, "metrics", None) if computed else None)
+        except Exception:   # see the docstring
+            logger.exception("drift counting failed for a batch of %d requests", len(computed))
 
     def finish_record(self, record: BatchRecord, slots: Sequence[RequestSlot]) -> None:
         record.answered = sum(slot.error is None for slot in slots)
@@ -404,6 +424,11 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         """The decoded image whose perceptual hash keys near-duplicates (default: none; the
         classifiers give theirs: near-duplicate mode is for classification only)."""
         return None
+
+    def answer_observations(self, answer: Any) -> list[Observation]:
+        """The drift buckets of one image's answer (handlers.drift.drift_features; default: none,
+        so only the inputs are watched)."""
+        return []
 
     def answer_headers(self, answer: Any) -> Mapping[str, str]:
         """Response headers of one successful answer (default: none)."""

@@ -94,3 +94,17 @@ def container_ports(spec: dict[str, Any]) -> dict[str, int]:
 
 def cpu_cores(quantity: str) -> float:
     return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def closed_schema(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused, as the API server's strict field validation
+    does (the published schema leaves `additionalProperties` open; the server prunes instead)."""
+    if isinstance(schema, list):
+        return [closed_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: closed_schema(value) for key, value in schema.items()}
+    if ("properties" in closed and "additionalProperties" not in closed
+            and not closed.get("x-kubernetes-preserve-unknown-fields")):
+        closed["additionalProperties"] = False
+    return closed

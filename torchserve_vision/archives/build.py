@@ -37,6 +37,13 @@ from handlers.model.settings import (
 )
 from torchserve_vision.archives import ARCHIVER, BuildTarget
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
+from torchserve_vision.archives.drift_reference import (
+    FEATURES_OF_TASK,
+    add_profile,
+    profile_source,
+    record_profile,
+    reference_requests,
+)
 from torchserve_vision.archives.engine_exports import export_engine_models
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.int8_quantization import Int8Gate, Int8GateFailed, Int8Request, Preprocessing
@@ -349,7 +356,8 @@ def build_archive(description: ModelDescription, store: Path, target: BuildTarge
     """Build one archive into `store` (replacing an older build of the same name and version).
     A pipeline's stage archives must be in `store` already. `target`: the workers that will
     serve it; `gpu` leaves out the ahead-of-time CPU packages (see BUILD_TARGETS).
-    `int8_images`: the photos `compile.int8` calibrates and gates on (None: the project's);
+    `int8_images`: the photos `compile.int8` calibrates and gates on and the drift reference
+    profile is recorded from (None: the project's);
     `force_int8`: keep an int8 model that fails its gate."""
     with tempfile.TemporaryDirectory(prefix=f"build-{description.name}-") as tmp:
         staging = Path(tmp)
@@ -357,4 +365,22 @@ def build_archive(description: ModelDescription, store: Path, target: BuildTarge
             stage_pipeline_files(description, store, staging)
             return run_archiver(description, staging, None, store)
         weights = stage_files(description, staging, target, int8_images, force_int8)
-        return run_archiver(description, staging, weights, store)
+        archive = run_archiver(description, staging, weights, store)
+    if description.kind.task in FEATURES_OF_TASK:
+        add_reference_profile(archive, description, int8_images)
+    return archive
+
+
+def add_reference_profile(archive: Path, description: ModelDescription, images_dir: Path | None) -> None:
+    """Record the drift reference profile of the archive's model and store it in the archive
+    (torchserve_vision.archives.drift_reference)."""
+    bodies = reference_requests(images_dir)
+    try:
+        profile = record_profile(archive, description.kind.task, bodies,
+                                 profile_source(images_dir, len(bodies)))
+    except (PhotoSetError, ValueError) as error:
+        archive.unlink()
+        raise BuildError(f"{description.name}: recording the drift reference profile failed: "
+                         f"{error}") from None
+    add_profile(archive, profile)
+    logger.info("%s: drift reference profile from %s", description.name, profile.source)

@@ -54,6 +54,7 @@ import java.util.Map;
 import java.util.concurrent.LinkedBlockingDeque;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
+import io.prometheus.client.Histogram;
 import org.pytorch.serve.job.GRPCJob;
 import org.pytorch.serve.job.Job;
 import org.pytorch.serve.metrics.IMetric;
@@ -79,6 +80,13 @@ public class ContinuousBatching extends BatchAggregator {
     // Far enough ahead that TorchServe's clientExpireTS (now + this) never passes or overflows.
     static final long NEVER_MS = Long.MAX_VALUE / 4;
     private static final Map<String, IMetric> COUNTERS = new HashMap<>();
+    static final String LATENCY_METRIC = "ts_request_latency_seconds";
+    // Upper bounds (seconds) of the latency histogram's buckets; 0.25 s is the objective of the
+    // latency rules in deploy/prometheus/model-monitoring.rules.yml.
+    static final double[] LATENCY_BUCKETS_S = {
+        0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10,
+        30, 60};
+    private static Histogram latency;   // made once per process, on the first answer
 
     private final ReentrantLock modelLock;
     private final LinkedBlockingDeque<Job> queue;
@@ -355,6 +363,27 @@ public class ContinuousBatching extends BatchAggregator {
         return COUNTERS.get(name);
     }
 
+    /** The histogram of request latencies, from the request's arrival at the frontend to its
+     * answer (what the handler answered, whatever the status; requests this class answers
+     * itself, 504 and 503, are not in it): ts_request_latency_seconds{model_name,
+     * model_version, hostname}, on the metrics port with metrics_mode=prometheus (TorchServe's
+     * own latency metrics are sums, from which no percentile can be had). Null in other
+     * metrics modes, or where it cannot be made (logged). */
+    private static synchronized Histogram latencyHistogram() {
+        if (latency == null && ConfigManager.getInstance().getMetricsMode()
+                == MetricBuilder.MetricMode.PROMETHEUS) {
+            try {
+                latency = Histogram.build().name(LATENCY_METRIC)
+                        .help("Request latency, arrival at the frontend to the answer")
+                        .labelNames("model_name", "model_version", "hostname")
+                        .buckets(LATENCY_BUCKETS_S).register();
+            } catch (RuntimeException e) {
+                logger.warn("no {} metric: {}", LATENCY_METRIC, e.toString());
+            }
+        }
+        return latency;
+    }
+
     /** TorchServe's gRPC jobs send whatever body a request gets as an answer with status OK
      * (GRPCJob.response ignores the per-request status), so a client of its gRPC API could not
      * tell a refused request from an answer. Here a request the handler answered with a status of
@@ -369,10 +398,16 @@ public class ContinuousBatching extends BatchAggregator {
             batchStartNs = 0;
         }
         if (message.getCode() == 200 && message.getPredictions() != null) {
+            Histogram latencies = latencyHistogram();
             Iterator<Predictions> predictions = message.getPredictions().iterator();
             while (predictions.hasNext()) {
                 Predictions prediction = predictions.next();
                 Job job = jobs.get(prediction.getRequestId());
+                if (latencies != null && job != null && job.getCmd() == WorkerCommands.PREDICT) {
+                    latencies.labels(model.getModelName(), model.getVersion(),
+                            ConfigManager.getInstance().getHostName())
+                            .observe((System.nanoTime() - job.getBegin()) / 1e9);
+                }
                 if (job instanceof GRPCJob && prediction.getStatusCode() >= 400) {
                     job.sendError(prediction.getStatusCode(),
                             new String(prediction.getResp(), StandardCharsets.UTF_8));

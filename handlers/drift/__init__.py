@@ -1,0 +1,1 @@
+"""Drift: what a model version sees and answers, counted into a reference profile's buckets."""

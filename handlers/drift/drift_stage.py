@@ -1,0 +1,55 @@
+"""Drift counting in the worker: every computed request's observations, into fixed buckets.
+
+`observe` runs after a batch's answers are computed, in the worker's request thread. For each
+answered request that was decoded (not a cache hit, not refused), each image adds its input
+buckets (format and stored size from the header, brightness from the decoded image) and the
+buckets of its answer (the handler's `answer_observations`). The stage keeps the running total
+(`counts`: what the build records as the reference profile) and, when the archive has a
+profile, exports the batch's counts as `HandlerDriftObserved{ModelVersion, Feature, Bucket}`
+counters; the profile itself is exported once per worker as `HandlerDriftReference` gauges
+(handlers.batch_metrics), so that Prometheus compares the two per model and version.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from handlers.batch_metrics import emit_drift_observations, emit_drift_reference
+from handlers.drift.drift_features import Observation, input_observations, mean_brightness
+from handlers.drift.drift_profile import DriftProfile
+from handlers.request.decode import read_header
+from handlers.request_slot import RequestSlot
+
+AnswerObservations = Callable[[Any], list[Observation]]
+
+
+class DriftStage:
+    def __init__(self, model_name: str, model_version: str, profile: DriftProfile | None,
+                 answer_observations: AnswerObservations) -> None:
+        self.model_name, self.model_version = model_name, model_version
+        self.profile = profile
+        self.answer_observations = answer_observations
+        self.counts: Counter[Observation] = Counter()
+
+    def export_reference(self, metrics: Any) -> None:
+        """The profile as gauges (at worker start; nothing without a profile)."""
+        if self.profile is not None:
+            emit_drift_reference(metrics, self.model_name, self.model_version, self.profile)
+
+    def observe(self, slots: Sequence[RequestSlot], metrics: Any) -> None:
+        """Count the answered, decoded requests of `slots`; export the batch's counts."""
+        batch: Counter[Observation] = Counter()
+        for slot in slots:
+            if slot.error is not None or not slot.decoded or slot.parsed is None:
+                continue
+            answers = slot.answer if slot.several else [slot.answer]
+            for image_bytes, item, answer in zip(slot.parsed.images, slot.decoded, answers, strict=True):
+                header = read_header(image_bytes)
+                batch.update(input_observations(header.image_format, header.width, header.height,
+                                                mean_brightness(item.image)))
+                batch.update(self.answer_observations(answer))
+        self.counts.update(batch)
+        if self.profile is not None and batch:
+            emit_drift_observations(metrics, self.model_name, self.model_version, batch)

@@ -127,13 +127,17 @@ def emit_drift_observations(metrics: Any, model: str, version: str,
 
 
 def emit_drift_reference(metrics: Any, model: str, version: str, profile: DriftProfile) -> None:
-    """The version's reference profile: HandlerDriftReference{ModelVersion, Feature, Bucket} = share."""
+    """The version's reference profile: HandlerDriftReference{ModelVersion, Feature, Bucket} =
+    share; and every bucket's HandlerDriftObserved counter made at 0, so that Prometheus's
+    `increase` counts a bucket's first observations too (it cannot count the jump from no series
+    to a first value)."""
     if metrics is None:
         return
     from ts.metrics.metric_type_enum import MetricTypes
 
     for feature, shares in profile.shares.items():
         for bucket, share in shares.items():
+            dimensions = drift_dimensions(model, version, feature, bucket)
             metrics.add_metric("HandlerDriftReference", round(share, 6), "share",
-                               dimensions=drift_dimensions(model, version, feature, bucket),
-                               metric_type=MetricTypes.GAUGE)
+                               dimensions=dimensions, metric_type=MetricTypes.GAUGE)
+            metrics.add_counter("HandlerDriftObserved", 0, dimensions=list(dimensions))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +38,12 @@ class Prometheus:
 
 @contextmanager
 def prometheus(directory: Path, targets: dict[str, dict[str, str]],
-               scrape_interval_s: int) -> Iterator[Prometheus]:
-    """`targets`: host:port -> the labels its series get (e.g. namespace and pod)."""
+               scrape_interval_s: int, rule_files: Sequence[Path] = ()) -> Iterator[Prometheus]:
+    """`targets`: host:port -> the labels its series get (e.g. namespace and pod);
+    `rule_files`: recording and alerting rules it evaluates (each group at its own interval)."""
     port = free_ports(1)[0]
     config = {"global": {"scrape_interval": f"{scrape_interval_s}s"},
+              "rule_files": [str(path) for path in rule_files],
               "scrape_configs": [{"job_name": "pods", "static_configs": [
                   {"targets": [target], "labels": labels} for target, labels in targets.items()]}]}
     (directory / "prometheus.yml").write_text(yaml.safe_dump(config))

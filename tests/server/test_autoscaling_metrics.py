@@ -1,28 +1,37 @@
-"""The autoscaler's metrics end to end, with real parts: a real Prometheus scrapes a real
-TorchServe's /metrics (the pod's labels added as the PodMonitor adds them), and the queries of
-the prometheus-adapter rules (deploy/prometheus-adapter/values.yaml), filled as the adapter fills
-them, return what the HorizontalPodAutoscaler will read: the request rate within 10% of what the
-load generator sent over the same minute, and a queue metric that rises under overload."""
+"""The autoscaler's and the monitoring rules' metrics end to end, with real parts: a real
+Prometheus scrapes a real TorchServe's /metrics (the pod's labels added as the PodMonitor adds
+them), and the queries of the prometheus-adapter rules (deploy/prometheus-adapter/values.yaml),
+filled as the adapter fills them, return what the HorizontalPodAutoscaler will read: the request
+rate within 10% of what the load generator sent over the same minute, and a queue metric that
+rises under overload. The same Prometheus evaluates deploy/prometheus/model-monitoring.rules.yml:
+its drift divergence is the one handlers/drift computes from the same counters, against the
+reference profile in the archive, and the latency rules read the frontend agent's histogram."""
 
 from __future__ import annotations
 
 import re
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 import yaml
 
+from handlers.drift.drift_profile import PROFILE_FILE, DriftProfile
 from tests.deployment_files import REPO
 from tests.images import photo_bytes
 from tests.prometheus_server import Prometheus, prometheus
 from torchserve_vision.lab.loadgen import LoadTarget, Result, run_closed_loop, run_open_loop
+from torchserve_vision.prometheus_text import parse_samples, scrape
 from torchserve_vision.server_process import TorchServeInstance
+from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 ADAPTER_VALUES = REPO / "deploy" / "prometheus-adapter" / "values.yaml"
+MONITORING_RULES = REPO / "deploy" / "prometheus" / "model-monitoring.rules.yml"
 RULES = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
 POD = {"namespace": "serving", "pod": "torchserve-vision-0"}
 SCRAPE_INTERVAL_S = 5            # a quarter of the rules' 1-minute windows, or less, as the PodMonitor's
@@ -49,7 +58,8 @@ def value(scraper: Prometheus, query: str) -> float:
 @pytest.fixture(scope="module")
 def scraper(server: TorchServeInstance, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     metrics = urlparse(server.metrics_url)
-    with prometheus(tmp_path_factory.mktemp("prometheus"), {metrics.netloc: POD}, SCRAPE_INTERVAL_S) as found:
+    with prometheus(tmp_path_factory.mktemp("prometheus"), {metrics.netloc: POD}, SCRAPE_INTERVAL_S,
+                    rule_files=[MONITORING_RULES]) as found:
         yield found
 
 
@@ -83,3 +93,59 @@ def test_the_adapter_finds_the_series_and_reads_the_rate_and_the_queue(server: T
     waiting_overloaded = value(scraper, adapter_query("ts_requests_waiting"))
     assert waiting_overloaded > max(1.0, 10 * waiting_light), (waiting_light, waiting_overloaded)
 
+
+
+def worker_drift(exposition: str, model: str) -> tuple[DriftProfile, dict[tuple[str, str], float]]:
+    """The reference profile the workers export and the counts they observed, for `model`."""
+    shares: dict[str, dict[str, float]] = {}
+    observed: dict[tuple[str, str], float] = {}
+    for sample in parse_samples(exposition):
+        if sample.labels.get("ModelName") != model:
+            continue
+        key = (sample.labels.get("Feature", ""), sample.labels.get("Bucket", ""))
+        if sample.name == "HandlerDriftReference":
+            shares.setdefault(key[0], {})[key[1]] = sample.value
+        elif sample.name == "HandlerDriftObserved":
+            observed[key] = observed.get(key, 0.0) + sample.value
+    return DriftProfile(shares, {}, "the workers' gauges"), observed
+
+
+def test_the_monitoring_rules_compute_the_workers_drift_and_read_the_latency_histogram(
+        server: TorchServeInstance, scraper: Prometheus, model_store: Path):
+    """One photo, over and over (the load above, and a few more here). A feature whose every
+    observation fell in one bucket has the same share in Prometheus's window as in the raw
+    counters, so the recorded divergence must be the Python one; the exported reference must be
+    the archive's. (The workers make every bucket's counter at 0 when they start, and the
+    frontend agent its histogram; once those are scraped, Prometheus's increase() counts these
+    requests even when they are the first.)"""
+    wait_until(lambda: all(scraper.query(f'{series}{{{model}="efficientnet_lite0"}}') for series, model in (
+        ("HandlerDriftObserved", "ModelName"), ("ts_request_latency_seconds_count", "model_name"))),
+        60, "Prometheus to scrape the drift counters and the latency histogram", interval_s=1)
+    burst = run_closed_loop(LoadTarget(f"{server.inference_url}/predictions/efficientnet_lite0",
+                                       [photo_bytes("chelsea.png")], timeout_s=60),
+                            clients=2, duration_s=60, max_requests=10)
+    assert burst.succeeded == burst.sent >= 10
+    with zipfile.ZipFile(model_store / "efficientnet_lite0-1.0.mar") as archive:
+        archived = DriftProfile.from_json(archive.read(PROFILE_FILE).decode())
+    exported, observed = worker_drift(scrape(server.metrics_url), "efficientnet_lite0")
+    for feature, shares in archived.shares.items():
+        assert exported.shares[feature] == pytest.approx(shares, abs=1e-6), feature
+    single = sorted(feature for feature in exported.shares
+                    if sum(1 for (name, _), count in observed.items() if name == feature and count) == 1)
+    assert {"format", "width", "height", "aspect", "brightness"} <= set(single)
+    expected = exported.drift(observed)
+    query = 'model_version_feature:drift_js_divergence:1h{ModelName="efficientnet_lite0",ModelVersion="1.0"}'
+
+    def recorded() -> dict[str, float]:
+        return {item["metric"]["Feature"]: float(item["value"][1]) for item in scraper.query(query)}
+
+    wait_until(lambda: set(single) <= set(recorded()), 90, "the drift rules' first evaluation", interval_s=2)
+    divergences = recorded()
+    for feature in single:
+        assert divergences[feature] == pytest.approx(expected[feature], abs=1e-5), feature
+    assert divergences["brightness"] > 0.1       # one photo is not the reference's many
+    p99 = scraper.query('histogram_quantile(0.99, sum by (le) (rate(ts_request_latency_seconds_bucket{'
+                        'model_name="efficientnet_lite0",model_version="1.0"}[5m])))')
+    assert len(p99) == 1 and 0 < float(p99[0]["value"][1]) < 60
+    counted = scraper.query('sum(ts_request_latency_seconds_count{model_name="efficientnet_lite0"})')
+    assert float(counted[0]["value"][1]) >= 10

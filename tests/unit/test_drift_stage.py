@@ -52,6 +52,10 @@ def test_counts_are_exported_per_batch_with_the_version_only_against_a_profile()
     reference = [(value, dims) for name, value, dims in metrics.calls if name == "HandlerDriftReference"]
     assert len(reference) == 8 + 16 and (1.0, {"ModelName": "m", "Level": "Model", "ModelVersion": "2.0",
                                                "Feature": "brightness", "Bucket": "192"}) in reference
+    # every bucket's counter made at 0, so that Prometheus's increase() sees its first counts
+    assert sorted((value, dims["Feature"], dims["Bucket"]) for name, value, dims in metrics.counters) == \
+        sorted((0, dims["Feature"], dims["Bucket"]) for _, dims in reference)
+    metrics.counters.clear()
     drift.observe([answered(0), answered(1, level=10)], metrics)
     observed = {(dims["Feature"], dims["Bucket"]): value for name, value, dims in metrics.counters
                 if name == "HandlerDriftObserved" and dims["ModelVersion"] == "2.0"}

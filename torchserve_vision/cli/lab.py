@@ -31,6 +31,7 @@ from torchserve_vision.lab import (
     compare,
     compile_speed,
     detector_parts,
+    drift_detection,
     engines,
     goodput,
     loadgen,
@@ -65,7 +66,7 @@ def register(commands: argparse._SubParsersAction, summary: str) -> None:
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_policies, add_compile_speed,
                 add_engines, add_detector_parts, add_goodput, add_precision, add_startup, add_rollout_drill,
                 add_plan, add_rolling_update, add_cascade, add_cache, add_near_duplicates,
-                add_protocols, add_shadow):
+                add_protocols, add_shadow, add_drift):
         add(actions)
 
 
@@ -694,4 +695,40 @@ def add_near_duplicates(actions: argparse._SubParsersAction) -> None:
 def run_near_duplicates(args: argparse.Namespace) -> int:
     report = near_duplicates.measure(args.archive, args.inputs)
     print(near_duplicates.as_json(report) if args.json else near_duplicates.markdown(report))
+    return 0
+
+
+def add_drift(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "drift",
+                        "drift readings: false alarms on in-distribution traffic, requests to "
+                        "detect shifted traffic, the counting's cost",
+                        drift_detection.__doc__ or "", [connection_flags(), json_flag()])
+    model_flag(parser)
+    parser.add_argument("--archive", type=Path,
+                        help="the archive whose handler and reference profile are used offline "
+                             "(default: the model's 1.0 in the model store)")
+    parser.add_argument("--images", type=Path, metavar="DIR",
+                        help="the photos the archive's reference was recorded from (default: the project's)")
+    parser.add_argument("--windows", type=int, default=20,
+                        help="in-distribution windows replayed offline for the false-alarm rate")
+    parser.add_argument("--offline", action="store_true", help="no server: false alarms and cost only")
+    metrics_url_flag(parser)
+    parser.set_defaults(run=run_drift)
+
+
+def run_drift(args: argparse.Namespace) -> int:
+    archive = args.archive or paths.MODEL_STORE / f"{args.model}-1.0.mar"
+    url = version = None
+    headers: dict[str, str] = {}
+    if not args.offline:
+        client = client_from(args)
+        version = client.describe(args.model, None)[0]["modelVersion"]   # the default version
+        url, headers = client.prediction_url(args.model, version), client.inference_headers()
+    try:
+        result = drift_detection.measure(archive, args.images, url, headers,
+                                         None if args.offline else args.metrics_url.rstrip("/"),
+                                         args.model, version, args.windows)
+    except (PhotoSetError, ValueError) as error:
+        raise LabError(str(error)) from None
+    print(json.dumps(result, indent=2) if args.json else drift_detection.as_text(result))
     return 0

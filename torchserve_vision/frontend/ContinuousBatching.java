@@ -104,6 +104,11 @@ public class ContinuousBatching extends BatchAggregator {
                 (LinkedBlockingDeque<Job>) jobsDb.get(Model.DEFAULT_DATA_QUEUE);
         queue = dataQueue;
         modelTimeoutMs = model.getClientTimeoutInMills();
+        Histogram latencies = latencyHistogram();
+        if (latencies != null) {    // its series at 0 now: a rate over them counts the first answers
+            latencies.labels(model.getModelName(), model.getVersion(),
+                    ConfigManager.getInstance().getHostName());
+        }
         logger.info("queued batching for {} (batch size {}, deadline {} ms)",
                 model.getModelName(), model.getBatchSize(), modelTimeoutMs);
     }

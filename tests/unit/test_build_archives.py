@@ -15,6 +15,8 @@ import yaml
 from torch import nn
 
 import handlers
+from handlers.drift.drift_features import CLASSIFICATION_FEATURES, class_range
+from handlers.drift.drift_profile import PROFILE_FILE, DriftProfile
 from handlers.model.runner_order import DEFAULT_RUNNER_ORDER
 from handlers.model.settings import ImageLimits
 from handlers.request.decode import decode_image_bytes
@@ -23,6 +25,7 @@ from tests.archives import archive_context, load_classifier, load_classifier_dir
 from tests.images import photo_bytes
 from torchserve_vision import paths
 from torchserve_vision.archives.build import BuildError, build_archive, frontend_settings
+from torchserve_vision.archives.drift_reference import REFERENCE_REQUESTS
 from torchserve_vision.archives.fixed_seed_weights import calibrated_classifier
 from torchserve_vision.cli import main as command
 from torchserve_vision.model_descriptions import (
@@ -121,6 +124,15 @@ def test_a_torchvision_classifier_by_name_from_a_state_dict(labels_file, tmp_pat
     served = served_top(mar, tmp_path / "work")
     assert served == [eager_top(model, photo_bytes(name)) for name in PHOTOS]
     assert len({tuple(order) for order in served}) == len(PHOTOS)  # answers differ per photo
+    # the drift reference profile, recorded by the archive's own handler from the project's photos
+    with zipfile.ZipFile(mar) as archive:
+        profile = DriftProfile.from_json(archive.read(PROFILE_FILE).decode())
+    assert set(profile.shares) == set(CLASSIFICATION_FEATURES)
+    assert profile.observations == dict.fromkeys(CLASSIFICATION_FEATURES, REFERENCE_REQUESTS)
+    assert all(sum(shares.values()) == pytest.approx(1.0) for shares in profile.shares.values())
+    reachable = {class_range(index, 10) for index in range(10)}      # 10 classes in 16 ranges
+    assert {bucket for bucket, share in profile.shares["class"].items() if share} <= reachable
+    assert profile.shares["format"]["JPEG"] == 1.0 and "project's photos" in profile.source
 
 
 def test_missing_weights_stop_the_build(labels_file, tmp_path):

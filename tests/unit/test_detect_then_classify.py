@@ -47,7 +47,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "name": "tiny_detector", "version": "1.0", "task": "detection", "labels": "coco",
         "model": {"source": "torchvision", "architecture": "ssdlite320_mobilenet_v3_large",
                   "weights": "fixed-seed:0", "kwargs": {"score_thresh": 0.001}},
-        "handler": {"detection": {"score_threshold": 0.3, "max_detections_cap": 300}}}), store)
+        "handler": {"detection": {"score_threshold": 0.3, "max_detections_cap": 300}}}), store,
+        reference_requests=0)   # no drift profile: 300 boxes an image are slow to count
     build_archive(parse_description({
         "name": "tiny_classifier", "version": "1.0", "labels": "imagenet",
         "model": {"source": "timm", "architecture": "test_efficientnet", "weights": "fixed-seed:1"},

@@ -180,6 +180,10 @@ class DocChecker:
             if ("release" not in pod_monitor["metadata"].get("labels", {})
                     and "prometheus.prometheusSpec.podMonitorSelectorNilUsesHelmValues=false" not in words):
                 problems.append("the chart's Prometheus would ignore the unlabelled PodMonitor")
+            rule = resource(self.cpu, "PrometheusRule")
+            if ("release" not in rule["metadata"].get("labels", {})
+                    and "prometheus.prometheusSpec.ruleSelectorNilUsesHelmValues=false" not in words):
+                problems.append("the chart's Prometheus would ignore the unlabelled PrometheusRule")
         if chart.endswith("/prometheus-adapter"):
             host = urlsplit(self.adapter["prometheus"]["url"]).hostname or ""
             if host.split(".")[1:2] != [namespace]:
@@ -297,7 +301,8 @@ def test_every_command_on_the_page_names_what_the_repository_has():
     ("pods/*/ts_requests_waiting", "pods/*/ts_requests_queued"),
     ("kubectl label namespace monitoring torchserve-vision/metrics-scraper=true",
      "kubectl label namespace monitoring prometheus=true"),
-    ("  --set prometheus.prometheusSpec.podMonitorSelectorNilUsesHelmValues=false\n", "\n"),
+    ("podMonitorSelectorNilUsesHelmValues=false", "podMonitorSelectorNilUsesHelmValues=true"),
+    ("ruleSelectorNilUsesHelmValues=false", "ruleSelectorNilUsesHelmValues=true"),
     ("--build-arg TARGET=gpu", "--build-arg TARGETS=gpu"),
     ("/predictions/efficientnet_lite0", "/predictions/resnet50"),
     ("service/torchserve-vision 8080:8080", "service/torchserve-vision 8080:80"),

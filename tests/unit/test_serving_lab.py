@@ -8,11 +8,13 @@ import io
 import json
 import shutil
 import zipfile
+from collections import Counter
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from handlers.drift.drift_profile import DriftProfile
 from torchserve_vision import paths
 from torchserve_vision.lab import detector_parts
 from torchserve_vision.lab.batch_model import (
@@ -23,6 +25,7 @@ from torchserve_vision.lab.batch_model import (
 )
 from torchserve_vision.lab.batching_policies import as_text, goals
 from torchserve_vision.lab.cascade_tradeoff import cascade_inputs
+from torchserve_vision.lab.drift_detection import false_alarms, shifted_streams
 from torchserve_vision.lab.goodput import goodput_row
 from torchserve_vision.lab.loadgen import (
     LoadTarget,
@@ -38,7 +41,7 @@ from torchserve_vision.lab.loadgen import (
 from torchserve_vision.lab.rolling_update import rolled_config
 from torchserve_vision.lab.sweep import SweepPoint, choose_operating_point, write_results
 from torchserve_vision.lab.tune import update_models_yaml
-from torchserve_vision.photo_sets import PhotoSetError
+from torchserve_vision.photo_sets import PhotoSetError, project_photos, variant_jpegs
 from torchserve_vision.photos import photo_path
 from torchserve_vision.torchserve_config import read_properties, server_config
 
@@ -244,3 +247,26 @@ def test_goodput_counts_only_answers_within_the_clients_timeout():
     assert row.goodput_rps == 1.0                     # 2 useful answers in 2 s
     assert (row.late, row.shed, row.expired, row.timed_out, row.other_errors) == (1, 1, 1, 1, 1)
     assert row.sent == 7 and 200.0 < row.useful_p99_ms <= 900.0
+
+
+def test_the_drift_lab_counts_windows_over_the_threshold_and_its_shifts_shift():
+    profile = DriftProfile.from_counts(Counter({("brightness", "96"): 10}), ["brightness"], "test")
+    quiet, dark = Counter({("brightness", "96"): 1}), Counter({("brightness", "0"): 1})
+    stream = [quiet] * 8 + [dark] * 2 + [quiet] * 10 + [dark] * 3     # 2 windows of 10, 3 left over
+    alarms = false_alarms(profile, stream, window=10, threshold=0.1)
+    assert (alarms.windows, alarms.crossed) == (2, {"brightness": 1})
+    assert alarms.largest["brightness"] == pytest.approx(profile.drift(Counter(
+        {("brightness", "96"): 8, ("brightness", "0"): 2}))["brightness"])
+    originals = variant_jpegs(project_photos(), 3, seed=1)
+    streams = shifted_streams(originals, 3)
+    assert set(streams) == {"darkened", "rotated", "downscaled", "other subjects"}
+
+    def opened(body: bytes) -> Image.Image:
+        return Image.open(io.BytesIO(body))
+
+    for original, darker, turned, smaller in zip(originals, streams["darkened"], streams["rotated"],
+                                                 streams["downscaled"], strict=True):
+        assert np.asarray(opened(darker)).mean() < 0.5 * np.asarray(opened(original)).mean()
+        assert opened(turned).size == opened(original).size[::-1]
+        assert opened(smaller).width == opened(original).width // 3
+    assert len(set(streams["other subjects"])) == 3

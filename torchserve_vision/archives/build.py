@@ -39,10 +39,11 @@ from torchserve_vision.archives import ARCHIVER, BuildTarget
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
 from torchserve_vision.archives.drift_reference import (
     FEATURES_OF_TASK,
+    REFERENCE_REQUESTS,
     add_profile,
     profile_source,
     record_profile,
-    reference_requests,
+    reference_bodies,
 )
 from torchserve_vision.archives.engine_exports import export_engine_models
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
@@ -352,13 +353,15 @@ def stage_pipeline_files(description: ModelDescription, store: Path, staging: Pa
 
 
 def build_archive(description: ModelDescription, store: Path, target: BuildTarget = "cpu",
-                  int8_images: Path | None = None, force_int8: bool = False) -> Path:
+                  int8_images: Path | None = None, force_int8: bool = False,
+                  reference_requests: int = REFERENCE_REQUESTS) -> Path:
     """Build one archive into `store` (replacing an older build of the same name and version).
     A pipeline's stage archives must be in `store` already. `target`: the workers that will
     serve it; `gpu` leaves out the ahead-of-time CPU packages (see BUILD_TARGETS).
     `int8_images`: the photos `compile.int8` calibrates and gates on and the drift reference
     profile is recorded from (None: the project's);
-    `force_int8`: keep an int8 model that fails its gate."""
+    `force_int8`: keep an int8 model that fails its gate. `reference_requests`: how many
+    requests the drift reference profile is recorded from (0: the archive has none)."""
     with tempfile.TemporaryDirectory(prefix=f"build-{description.name}-") as tmp:
         staging = Path(tmp)
         if description.is_pipeline:
@@ -366,15 +369,16 @@ def build_archive(description: ModelDescription, store: Path, target: BuildTarge
             return run_archiver(description, staging, None, store)
         weights = stage_files(description, staging, target, int8_images, force_int8)
         archive = run_archiver(description, staging, weights, store)
-    if description.kind.task in FEATURES_OF_TASK:
-        add_reference_profile(archive, description, int8_images)
+    if description.kind.task in FEATURES_OF_TASK and reference_requests > 0:
+        add_reference_profile(archive, description, int8_images, reference_requests)
     return archive
 
 
-def add_reference_profile(archive: Path, description: ModelDescription, images_dir: Path | None) -> None:
-    """Record the drift reference profile of the archive's model and store it in the archive
-    (torchserve_vision.archives.drift_reference)."""
-    bodies = reference_requests(images_dir)
+def add_reference_profile(archive: Path, description: ModelDescription, images_dir: Path | None,
+                          count: int) -> None:
+    """Record the drift reference profile of the archive's model from `count` requests and store
+    it in the archive (torchserve_vision.archives.drift_reference)."""
+    bodies = reference_bodies(images_dir, count)
     try:
         profile = record_profile(archive, description.kind.task, bodies,
                                  profile_source(images_dir, len(bodies)))

@@ -66,8 +66,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                              "ahead-of-time compiled CPU packages, which GPU workers refuse "
                              "(the GPU image; default: cpu, servable by any worker)")
     parser.add_argument("--images", type=Path, metavar="DIR",
-                        help="photos for compile.int8's calibration and gate (default: the "
-                             "project's photos of ImageNet subjects)")
+                        help="photos for compile.int8's calibration and gate and for the drift "
+                             "reference profile (default: the project's photos of ImageNet subjects)")
+    parser.add_argument("--drift-reference-requests", type=int, default=None, metavar="N",
+                        help="requests the drift reference profile is recorded from (default: "
+                             "192; 0: no profile; docs/monitoring.md)")
     parser.add_argument("--force-int8", action="store_true",
                         help="keep an int8 model whose answers fail the gate")
     parser.add_argument("--write-config", type=Path, nargs="*",
@@ -194,8 +197,11 @@ def run(args: argparse.Namespace) -> int:
     from torchserve_vision.archives.build import build_archive  # torch: only to build
 
     show_build_log()
+    reference = ({} if args.drift_reference_requests is None
+                 else {"reference_requests": args.drift_reference_requests})
     for description in chosen_descriptions(args):
-        built = build_archive(description, args.model_store, args.target, args.images, args.force_int8)
+        built = build_archive(description, args.model_store, args.target, args.images, args.force_int8,
+                              **reference)
         print(f"built {built}", flush=True)
     if args.write_config is not None:
         descriptions = load_descriptions(args.models)

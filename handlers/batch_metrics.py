@@ -141,3 +141,15 @@ def emit_drift_reference(metrics: Any, model: str, version: str, profile: DriftP
             metrics.add_metric("HandlerDriftReference", round(share, 6), "share",
                                dimensions=dimensions, metric_type=MetricTypes.GAUGE)
             metrics.add_counter("HandlerDriftObserved", 0, dimensions=list(dimensions))
+
+
+def emit_payload_samples(metrics: Any, model: str, version: str, outcomes: Mapping[str, int]) -> None:
+    """Sampled payloads by outcome (written, rate_limited, queue_full, write_failed):
+    HandlerPayloadSamples{ModelVersion, Outcome} += count."""
+    if metrics is None:
+        return
+    for outcome, count in outcomes.items():
+        if count:
+            metrics.add_counter("HandlerPayloadSamples", count, dimensions=[
+                MetricDimension("ModelName", model), MetricDimension("Level", "Model"),
+                MetricDimension("ModelVersion", version), MetricDimension("Outcome", outcome)])

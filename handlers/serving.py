@@ -36,6 +36,7 @@ from handlers.continuous_serving import ContinuousServing, continuous_batching_o
 from handlers.drift.drift_features import Observation
 from handlers.drift.drift_profile import read_profile
 from handlers.drift.drift_stage import DriftStage
+from handlers.drift.payload_samples import PayloadSampler, payload_sampler_for
 from handlers.errors import ClientError
 from handlers.model.model_loading import resolve_device
 from handlers.model.runner_selection import RunnerChoice
@@ -118,6 +119,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         # Every computed request counted into the drift buckets (handlers.drift), exported
         # against the archive's reference profile when it has one.
         self.drift: DriftStage | None = None
+        # An opt-in, rate-limited sample of computed requests written for labelling
+        # (handlers.drift.payload_samples; TSV_SAMPLE_DIR).
+        self.payload_samples: PayloadSampler | None = None
 
     # --- TorchServe entry points -------------------------------------------------------
     def initialize(self, context: TorchServeContext) -> None:
@@ -163,6 +167,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         self.drift = DriftStage(self.model_name, self.model_version, read_profile(self.model_dir),
                                 self.answer_observations)
         self.drift.export_reference(getattr(context, "metrics", None))
+        self.payload_samples = payload_sampler_for(self.model_name, self.model_version)
         self.cache = cache_stage_for(handler_settings, self.model_name, self.model_version)
         self.shadow = shadow_stage_for(self.model_name, self.model_version, self.compare_answers,
                                        self.replayable)
@@ -245,6 +250,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             self.cache.store(computed, record)
         if self.drift is not None:
             self.observe_drift(computed)
+        if self.payload_samples is not None:
+            self.payload_samples.offer(computed, getattr(slots[0].context, "metrics", None))
         if self.shadow is not None:
             self.shadow.offer(slots)
         self.finish_record(record, slots)

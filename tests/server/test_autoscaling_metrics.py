@@ -5,10 +5,15 @@ filled as the adapter fills them, return what the HorizontalPodAutoscaler will r
 rate within 10% of what the load generator sent over the same minute, and a queue metric that
 rises under overload. The same Prometheus evaluates deploy/prometheus/model-monitoring.rules.yml:
 its drift divergence is the one handlers/drift computes from the same counters, against the
-reference profile in the archive, and the latency rules read the frontend agent's histogram."""
+reference profile in the archive, and the latency rules read the frontend agent's histogram. The
+server samples payloads: the samples on disk are the photo sent with its answers, within the
+bound, counted by outcome."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import re
 import threading
 import time
@@ -22,8 +27,9 @@ import yaml
 
 from handlers.drift.drift_profile import PROFILE_FILE, DriftProfile
 from tests.deployment_files import REPO
-from tests.images import photo_bytes
+from tests.images import CAT_LABELS, photo_bytes
 from tests.prometheus_server import Prometheus, prometheus
+from tests.server.servers import started_server
 from torchserve_vision.lab.loadgen import LoadTarget, Result, run_closed_loop, run_open_loop
 from torchserve_vision.prometheus_text import parse_samples, scrape
 from torchserve_vision.server_process import TorchServeInstance
@@ -32,6 +38,7 @@ from torchserve_vision.waiting import wait_until
 pytestmark = pytest.mark.server
 ADAPTER_VALUES = REPO / "deploy" / "prometheus-adapter" / "values.yaml"
 MONITORING_RULES = REPO / "deploy" / "prometheus" / "model-monitoring.rules.yml"
+SAMPLES_MAX_BYTES = 3_000_000
 RULES = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
 POD = {"namespace": "serving", "pod": "torchserve-vision-0"}
 SCRAPE_INTERVAL_S = 5            # a quarter of the rules' 1-minute windows, or less, as the PodMonitor's
@@ -53,6 +60,26 @@ def value(scraper: Prometheus, query: str) -> float:
     result = scraper.query(query)
     assert len(result) == 1 and result[0]["metric"] == {"pod": POD["pod"]}, result
     return float(result[0]["value"][1])
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("payload-samples")
+
+
+@pytest.fixture(scope="module")
+def server(model_store: Path, samples: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[TorchServeInstance]:
+    """This module's server samples payloads (docs/monitoring.md): the variables are in the
+    environment TorchServe starts with, and only then."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TSV_SAMPLE_DIR", str(samples))
+        patch.setenv("TSV_SAMPLE_PER_S", "0.5")
+        patch.setenv("TSV_SAMPLE_MAX_BYTES", str(SAMPLES_MAX_BYTES))
+        running = started_server(tmp_path_factory.mktemp("torchserve"), model_store)
+        instance = next(running)
+    yield instance
+    next(running, None)        # stopped
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +176,41 @@ def test_the_monitoring_rules_compute_the_workers_drift_and_read_the_latency_his
     assert len(p99) == 1 and 0 < float(p99[0]["value"][1]) < 60
     counted = scraper.query('sum(ts_request_latency_seconds_count{model_name="efficientnet_lite0"})')
     assert float(counted[0]["value"][1]) >= 10
+
+
+def test_payloads_are_sampled_at_the_rate_with_their_answers_and_within_the_bound(
+        server: TorchServeInstance, samples: Path):
+    """The module's requests (a few hundred of one photo, two workers at 0.5 samples/s each;
+    a few more here, which at least the rate's burst samples)."""
+    burst = run_closed_loop(LoadTarget(f"{server.inference_url}/predictions/efficientnet_lite0",
+                                       [photo_bytes("chelsea.png")], timeout_s=60),
+                            clients=2, duration_s=60, max_requests=6)
+    assert burst.succeeded == burst.sent
+    folder = samples / "efficientnet_lite0" / "1.0"
+    wait_until(lambda: any(folder.glob("*.json")), 30, "a payload sample")
+    photo = photo_bytes("chelsea.png")
+    newest = sorted(folder.glob("*.json"))[-3:]        # rotation only ever takes the oldest
+    for path in newest:
+        record = json.loads(path.read_text())
+        assert (record["model"], record["version"], record["format"]) == ("efficientnet_lite0", "1.0", "png")
+        assert record["answer"][0]["label"] in CAT_LABELS
+        assert path.with_suffix(".png").read_bytes() == photo          # the bytes as received
+        assert record["sha256"] == hashlib.sha256(photo).hexdigest()
+    # two workers' 10 s between rescans at 0.5 samples/s: at most 10 samples over the bound
+    assert size_on_disk(folder) <= SAMPLES_MAX_BYTES + 10 * (len(photo) + 1000)
+    # a worker exports what its writer thread did with its next batch: a few more requests
+    run_closed_loop(LoadTarget(f"{server.inference_url}/predictions/efficientnet_lite0", [photo],
+                               timeout_s=60), clients=2, duration_s=60, max_requests=6)
+    outcomes = {sample.labels["Outcome"]: sample.value for sample in parse_samples(scrape(server.metrics_url))
+                if sample.name == "HandlerPayloadSamples"
+                and sample.labels.get("ModelName") == "efficientnet_lite0"}
+    assert outcomes.get("rate_limited", 0) > 0 and outcomes.get("written", 0) >= 1
+
+
+def size_on_disk(folder: Path) -> int:
+    """Bytes in `folder`, leaving out files a worker's rotation deletes while they are counted."""
+    total = 0
+    for path in folder.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total

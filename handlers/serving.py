@@ -3,8 +3,9 @@
 `handle` runs one batch as a short sequence of stages over its requests, one `RequestSlot` each
 (handlers.request_slot): read the protocol, parse (image bytes + options, once), look up the
 response cache, decode, answer (preprocess -> infer -> postprocess over the open requests),
-store in the cache, respond. The protocol (handlers.request.protocol_stage) and the cache
-(handlers.cache.cache_stage) plug in as small stage objects.
+store in the cache, count drift and sample payloads (handlers.drift), offer copies to a shadow
+candidate, respond. The protocol (handlers.request.protocol_stage), the cache
+(handlers.cache.cache_stage) and the others plug in as small stage objects.
 
 Subclasses implement small hooks, each with one job: `parse_settings(handler_section)` and
 `load(serialized_file)` once -> `parse_options(row, header)` per request -> `preprocess(items)`

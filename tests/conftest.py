@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from handlers.image_classifier import ImageClassifierHandler
-from tests.archives import load_classifier, load_classifier_dir, stage_model_dir
+from tests.archives import TEST_REFERENCE_REQUESTS, load_classifier, load_classifier_dir, stage_model_dir
 from torchserve_vision import paths
 from torchserve_vision.archives.build import build_archive
 from torchserve_vision.model_descriptions import load_descriptions, parse_description
@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def build_described(name: str, store: Path) -> Path:
     """Build the archive config/models.yaml describes under `name` (in a process of its own)."""
     description = next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == name)
-    return build_archive(description, store)
+    return build_archive(description, store, reference_requests=TEST_REFERENCE_REQUESTS)
 
 
 @pytest.fixture(scope="session")

@@ -17,3 +17,7 @@ class RecordingMetrics:
     def add_counter(self, name: str, value: float, idx: Any = None, dimensions: Any = ()) -> None:
         self.calls.append((name, value, {d.name: d.value for d in dimensions}))
         self.counters.append(self.calls[-1])
+
+    def counters_of(self, *names: str) -> list[tuple[str, float, dict]]:
+        """The counters named `names`, in order (a worker also makes its drift counters at start)."""
+        return [counter for counter in self.counters if counter[0] in names]

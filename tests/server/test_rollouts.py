@@ -79,9 +79,9 @@ def archives(model_store: Path, tmp_path_factory) -> dict[str, str]:
     scrambled = tmp_path_factory.mktemp("labels") / "scrambled.json"
     scrambled.write_text(json.dumps(list(reversed(resolve_labels("imagenet")))))
     built = {"v2": build_archive(parse_description(describe_version("2.0", 3, "imagenet")),
-                                 model_store),
+                                 model_store, reference_requests=0),     # no drift profile needed
              "bad": build_archive(parse_description(describe_version("3.0", 5, str(scrambled))),
-                                  model_store),
+                                  model_store, reference_requests=0),
              "slow": build_slow_start_archive(parse_description(describe_version("4.0", 5, "imagenet")),
                                               model_store)}
     built["refused"] = copy_with_changes(built["v2"], model_store / f"{MODEL}-5.0.mar",

@@ -21,7 +21,13 @@ from handlers.model.runner_order import DEFAULT_RUNNER_ORDER
 from handlers.model.settings import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from handlers.task.transforms import preprocess_classification_batch
-from tests.archives import archive_context, load_classifier, load_classifier_dir, stage_model_dir
+from tests.archives import (
+    TEST_REFERENCE_REQUESTS,
+    archive_context,
+    load_classifier,
+    load_classifier_dir,
+    stage_model_dir,
+)
 from tests.images import photo_bytes
 from torchserve_vision import paths
 from torchserve_vision.archives.build import BuildError, build_archive, frontend_settings
@@ -194,8 +200,9 @@ def test_rebuilding_is_idempotent(model_store, tmp_path):
     byte for byte, and each package is checked against the eager model when a worker loads it)."""
     described = load_descriptions(paths.MODEL_DESCRIPTIONS)[0]
     eager = dataclasses.replace(described, handler_options={**described.handler_options, "compile": False})
-    rebuilt = archive_digest(build_archive(eager, tmp_path))
-    assert archive_digest(build_archive(eager, tmp_path)) == rebuilt
+    rebuilt = archive_digest(build_archive(eager, tmp_path, reference_requests=TEST_REFERENCE_REQUESTS))
+    again = build_archive(eager, tmp_path, reference_requests=TEST_REFERENCE_REQUESTS)
+    assert archive_digest(again) == rebuilt
     served = archive_digest(model_store / described.archive_name)
     assert {name: digest for name, digest in served.items()
             if not name.startswith("compiled/") and name != "model-config.yaml"} == {

@@ -12,6 +12,11 @@ from pathlib import Path
 from torchserve_vision.archives import ARCHIVER
 
 ECHO, ECHO_ASYNC = "echo", "echo_async"
+# TorchServe 0.12's AsyncWorkerThread sends the load request and only then makes the latch its
+# answer counts down: a worker that answers before that (a handler with nothing to load, on a
+# busy machine) fails with a NullPointerException, is retried, and can fail so for minutes (seen
+# in a CI run: 0 READY workers in 300 s). Loading the asynchronous echo takes this long instead.
+ASYNC_LOAD_DELAY_S = 0.5
 
 SOURCES = {
     ECHO: ("class Echo:\n"
@@ -19,7 +24,9 @@ SOURCES = {
            "        self.initialized = True\n\n"
            "    def handle(self, data, context):\n"
            "        return [b'{\"echo\": true}' for _ in data]\n", "batchSize: 1\n"),
-    ECHO_ASYNC: ("async def handle(data, context):\n"
+    ECHO_ASYNC: ("import time\n\n"
+                 f"time.sleep({ASYNC_LOAD_DELAY_S})   # TorchServe 0.12: a worker loaded at once fails\n\n\n"
+                 "async def handle(data, context):\n"
                  "    return [b'{\"echo\": true}' for _ in data]\n",
                  "batchSize: 1\nasyncCommunication: true\n"),
 }

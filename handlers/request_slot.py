@@ -9,7 +9,7 @@ ClientError; nothing is tracked by position in parallel lists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -90,3 +90,13 @@ class RequestSlot:
 
 def open_slots(slots: Sequence[RequestSlot]) -> list[RequestSlot]:
     return [slot for slot in slots if slot.is_open]
+
+
+def computed_images(slots: Sequence[RequestSlot]) -> Iterator[tuple[bytes, Any, Any]]:
+    """(encoded bytes, DecodedImage, answer) of every image of the answered, decoded requests of
+    `slots` (not cache hits, not refused ones): what drift counting and payload sampling see."""
+    for slot in slots:
+        if slot.error is not None or not slot.decoded or slot.parsed is None:
+            continue
+        answers = slot.answer if slot.several else [slot.answer]
+        yield from zip(slot.parsed.images, slot.decoded, answers, strict=True)

@@ -20,7 +20,7 @@ from handlers.batch_metrics import emit_drift_observations, emit_drift_reference
 from handlers.drift.drift_features import Observation, input_observations, mean_brightness
 from handlers.drift.drift_profile import DriftProfile
 from handlers.request.decode import read_header
-from handlers.request_slot import RequestSlot
+from handlers.request_slot import RequestSlot, computed_images
 
 AnswerObservations = Callable[[Any], list[Observation]]
 
@@ -41,15 +41,11 @@ class DriftStage:
     def observe(self, slots: Sequence[RequestSlot], metrics: Any) -> None:
         """Count the answered, decoded requests of `slots`; export the batch's counts."""
         batch: Counter[Observation] = Counter()
-        for slot in slots:
-            if slot.error is not None or not slot.decoded or slot.parsed is None:
-                continue
-            answers = slot.answer if slot.several else [slot.answer]
-            for image_bytes, item, answer in zip(slot.parsed.images, slot.decoded, answers, strict=True):
-                header = read_header(image_bytes)
-                batch.update(input_observations(header.image_format, header.width, header.height,
-                                                mean_brightness(item.image)))
-                batch.update(self.answer_observations(answer))
+        for image_bytes, item, answer in computed_images(slots):
+            header = read_header(image_bytes)
+            batch.update(input_observations(header.image_format, header.width, header.height,
+                                            mean_brightness(item.image)))
+            batch.update(self.answer_observations(answer))
         self.counts.update(batch)
         if self.profile is not None and batch:
             emit_drift_observations(metrics, self.model_name, self.model_version, batch)

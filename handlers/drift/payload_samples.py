@@ -39,7 +39,7 @@ from typing import Any, TextIO
 
 from handlers.batch_metrics import emit_payload_samples
 from handlers.model.settings import SettingsError
-from handlers.request_slot import RequestSlot
+from handlers.request_slot import RequestSlot, computed_images
 
 logger = logging.getLogger(__name__)
 
@@ -188,19 +188,15 @@ class PayloadSampler:
     def offer(self, slots: Sequence[RequestSlot], metrics: Any = None) -> None:
         """Draw the answered, decoded requests of `slots` against the rate; queue those drawn.
         The outcomes since the last call go out as HandlerPayloadSamples{Outcome} counters."""
-        for slot in slots:
-            if slot.error is not None or not slot.decoded or slot.parsed is None:
+        for image, _, answer in computed_images(slots):
+            if not self.bucket.take():
+                self.outcomes["rate_limited"] += 1
                 continue
-            answers = slot.answer if slot.several else [slot.answer]
-            for image, answer in zip(slot.parsed.images, answers, strict=True):
-                if not self.bucket.take():
-                    self.outcomes["rate_limited"] += 1
-                    continue
-                try:
-                    self.pending.put_nowait(PayloadSample(self.model, self.version, self.clock(),
-                                                          bytes(image), answer))
-                except queue.Full:
-                    self.outcomes["queue_full"] += 1
+            try:
+                self.pending.put_nowait(PayloadSample(self.model, self.version, self.clock(),
+                                                      bytes(image), answer))
+            except queue.Full:
+                self.outcomes["queue_full"] += 1
         outcomes = Counter(self.outcomes)     # a copy: the writer thread adds to it
         emit_payload_samples(metrics, self.model, self.version, outcomes - self.exported)
         self.exported = outcomes

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from handlers.model.compiled_model import MachineTarget
+from handlers.model.engine_runners import OnnxRuntimeRunner, OpenVinoRunner
 from handlers.model.model_loading import cpu_has_native_bf16, effective_precision
 from handlers.model.runner_order import cpu_kind
 from handlers.model.runner_selection import candidates
@@ -38,3 +39,11 @@ def classifier_sections(mar: Path) -> dict[str, Mapping[str, Any]]:
         return {"classifier": handler}
     return {role: stage["handler"] for role, stage in handler["stages"].items()
             if "compiled_packages" in stage["handler"] or "engine_models" in stage["handler"]}
+
+
+def engine_threads(runner: object) -> int:
+    """The threads an OpenVINO or ONNX Runtime runner computes on, as its engine reports them."""
+    if isinstance(runner, OpenVinoRunner):
+        return int(runner.compiled.get_property("INFERENCE_NUM_THREADS"))
+    assert isinstance(runner, OnnxRuntimeRunner), runner
+    return int(runner.session.get_session_options().intra_op_num_threads)

@@ -13,11 +13,13 @@ from PIL import Image
 
 from handlers.model.settings import parse_classifier_settings
 from tests.images import photo_bytes
+from tests.runners import engine_threads
 from torchserve_vision.lab.local_handler import eager_classifier, extract_archive, load_handler
 from torchserve_vision.lab.single_session import (
     engine_answer,
     onnx_session,
     pillow_input,
+    single_session_handler,
     threaded_server,
 )
 
@@ -48,3 +50,12 @@ def test_onnx_runtime_and_our_engine_give_the_same_best_classes(model_store: Pat
         refused = requests.post(onnx_url, data=b"not an image", timeout=60)
         assert refused.status_code == 400
     assert eager_classifier(model_dir)[0].input_size == 224
+
+
+def test_our_engines_session_computes_on_the_threads_it_is_measured_at(model_store: Path, tmp_path: Path):
+    # Loaded per thread count: an engine with threads of its own fixes them when it loads, and a
+    # session is one load (no second one at solo threads).
+    model_dir = extract_archive(model_store / "efficientnet_lite0-1.0.mar", tmp_path / "model")
+    for threads in (1, 2):
+        runner = single_session_handler(model_dir, threads).classifier.run
+        assert engine_threads(runner) == threads

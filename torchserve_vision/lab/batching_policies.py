@@ -50,7 +50,7 @@ from torchserve_vision.lab.loadgen import (
 )
 from torchserve_vision.lab.local_handler import LocalContext, extract_archive, load_handler
 from torchserve_vision.lab.profile import median_ms
-from torchserve_vision.lab.single_session import engine_answer, threaded_server
+from torchserve_vision.lab.single_session import engine_answer, single_session_handler, threaded_server
 from torchserve_vision.model_descriptions import DELAYED, QUEUED, ServingSettings
 from torchserve_vision.server_state import served_default_version, versions_of
 
@@ -208,7 +208,7 @@ def compare_policies(client: TorchServeClient, store: Path, model: str, image: b
         model_dir = extract_archive(store / current["modelUrl"], Path(tmp) / "model")
         handler = load_handler(model_dir, batch_size=1)
         batch1_ms = in_process_batch1_ms(handler, image, str(model_dir))
-        with threaded_server(engine_answer(handler, str(model_dir))) as url:
+        with threaded_server(engine_answer(single_session_handler(model_dir), str(model_dir))) as url:
             for clients in loads:
                 run.measure_closed(SINGLE_SESSION, url, clients)
             for rate in rates:

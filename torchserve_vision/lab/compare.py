@@ -42,7 +42,12 @@ from torchserve_vision.lab.batch_model import BatchTimeFit
 from torchserve_vision.lab.loadgen import LoadTarget, Report, run_closed_loop
 from torchserve_vision.lab.local_handler import extract_archive, load_handler
 from torchserve_vision.lab.profile import median_ms, profile_archive
-from torchserve_vision.lab.single_session import engine_answer, onnx_session, threaded_server
+from torchserve_vision.lab.single_session import (
+    engine_answer,
+    onnx_session,
+    single_session_handler,
+    threaded_server,
+)
 from torchserve_vision.model_descriptions import ServingSettings, resolve_labels
 from torchserve_vision.rollout import wait_for_workers
 from torchserve_vision.server_state import served_default_version, versions_of
@@ -196,8 +201,8 @@ def measure_single_sessions(archive: Path, image: bytes, loads: Sequence[int], d
                               synchronize=lambda: None)
         try:
             for threads in thread_counts:
-                torch.set_num_threads(threads)
-                with threaded_server(engine_answer(handler, str(model_dir))) as url:
+                session = single_session_handler(model_dir, threads)
+                with threaded_server(engine_answer(session, str(model_dir))) as url:
                     for clients in loads:
                         measured.add(SINGLE_SESSION, clients,
                                      drive(url, image, clients, duration_s,

@@ -84,10 +84,14 @@ def archive_context(model_dir: Path, batch_size: int = 8,
     return context
 
 
-def load_handler(model_dir: Path, batch_size: int = 8,
-                 gpu_id: int | None = None) -> BatchedImageHandler[Any, Any, Any, Any]:
-    """The archive's handler class (from its manifest), initialized on the CPU or `gpu_id`."""
+def load_handler(model_dir: Path, batch_size: int = 8, gpu_id: int | None = None,
+                 handler_settings: dict[str, Any] | None = None) -> BatchedImageHandler[Any, Any, Any, Any]:
+    """The archive's handler class (from its manifest), initialized on the CPU or `gpu_id`,
+    with `handler_settings` over its YAML's `handler:` section."""
     context = archive_context(model_dir, batch_size, gpu_id=gpu_id)
+    if handler_settings and context.model_yaml_config is not None:
+        section = context.model_yaml_config.setdefault("handler", {})
+        section.update(handler_settings)
     handler: BatchedImageHandler[Any, Any, Any, Any] = \
         kind_of_entry_module(context.manifest["model"]["handler"]).handler_class()()
     handler.initialize(context)

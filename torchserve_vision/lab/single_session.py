@@ -8,8 +8,9 @@ batching, no bound on what is accepted). Two engines, behind the same server:
   preprocessing a user would write with Pillow (decode, resize of the short side, centre crop,
   normalise), what a hand-written server around `session.run` does.
 
-Each is served at a given number of intra-op threads (`torch.set_num_threads` for ours, the
-session's `intra_op_num_threads` for ONNX Runtime): the lab measures both 1 and the number of
+Each is served at a given number of intra-op threads (the handler loaded at that
+`torch_threads`, which its engine takes, for ours; the session's `intra_op_num_threads` for ONNX
+Runtime): the lab measures both 1 and the number of
 cores and keeps the best per load.
 """
 
@@ -32,7 +33,7 @@ from handlers.model.model_loading import load_labels
 from handlers.model.settings import ClassifierSettings
 from torchserve_vision.errors import LabError
 from torchserve_vision.lab.loadgen import KeepAliveHandler, LabHTTPServer
-from torchserve_vision.lab.local_handler import LocalContext, eager_classifier
+from torchserve_vision.lab.local_handler import LocalContext, eager_classifier, load_handler
 
 Answer = Callable[[bytes, dict[str, str]], tuple[int, bytes]]
 
@@ -59,6 +60,17 @@ def threaded_server(answer: Answer) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def single_session_handler(model_dir: Path, threads: int | None = None) -> Any:
+    """The archive's handler at batch 1 as one session: its engine loaded once, at `threads`
+    intra-op threads (None: the archive's `torch_threads`). Loaded per thread count, since an
+    engine with threads of its own (OpenVINO, ONNX Runtime) fixes them when it loads; no solo
+    threads (handlers.model.host_batches), which need a second load."""
+    settings: dict[str, Any] = {"solo_threads": None}
+    if threads is not None:
+        settings["torch_threads"] = threads
+    return load_handler(model_dir, batch_size=1, handler_settings=settings)
 
 
 def engine_answer(handler: Any, model_dir: str) -> Answer:

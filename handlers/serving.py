@@ -39,6 +39,7 @@ from handlers.drift.drift_profile import read_profile
 from handlers.drift.drift_stage import DriftStage
 from handlers.drift.payload_samples import PayloadSampler, payload_sampler_for
 from handlers.errors import ClientError
+from handlers.model.host_batches import host_batches, solo_eligible
 from handlers.model.model_loading import resolve_device
 from handlers.model.runner_selection import RunnerChoice
 from handlers.model.settings import (
@@ -227,6 +228,12 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         """One batch through every stage; one body per slot, in order."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)     # per thread: the batcher has its own
+        with host_batches().batch(solo_eligible(len(slots), self.max_batch_size)):
+            return self.run_batch(slots)
+
+    def run_batch(self, slots: Sequence[RequestSlot]) -> list[bytes]:
+        """`run_slots` inside the host's batch registration (handlers.model.host_batches: an
+        engine with `solo_threads` takes them for a batch that began alone on the host)."""
         record = BatchRecord(self.model_name, self.model_version, size=len(slots), runner=self.runner)
         protocol = ProtocolStage(self.model_name, self.model_version, self.v2_outputs)
         with record.timing("decode"):

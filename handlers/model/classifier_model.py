@@ -16,6 +16,7 @@ from torchvision.transforms.v2 import functional as F
 
 from handlers.model import model_loading
 from handlers.model.compiled_model import EagerModel, MachineTarget, Runner
+from handlers.model.host_batches import loads_of
 from handlers.model.model_loading import autocast, load_for_serving
 from handlers.model.runner_selection import RunnerChoice, choose_runner
 from handlers.model.settings import ClassifierSettings
@@ -43,7 +44,7 @@ class ClassifierModel:
         self.channels_last_input = settings.channels_last
         self.run, self.runner = choose_runner(
             settings.archive_runners, model_dir, MachineTarget.here(device, self.precision),
-            native_bf16, eager, timeout_s, torch.get_num_threads())
+            native_bf16, eager, timeout_s, torch.get_num_threads(), settings.solo_threads)
         # The other engines read plain NCHW: a channels-last batch would be converted back.
         self.channels_last_input = settings.channels_last and self.runner.computes_in_torch
 
@@ -78,5 +79,6 @@ class ClassifierModel:
         """Run batch 1 and `batch_size` (the compiled package's dynamic dimension at both ends)."""
         size = self.settings.input_size
         with torch.inference_mode():
-            for count in sorted({1, batch_size}):
-                self.logits(self.in_memory_format(torch.zeros(count, 3, size, size, device=self.device)))
+            for run in loads_of(self.run):
+                for count in sorted({1, batch_size}):
+                    run(self.in_memory_format(torch.zeros(count, 3, size, size, device=self.device)))

@@ -33,6 +33,7 @@ from handlers.model.compiled_model import (
     package_for,
 )
 from handlers.model.engine_runners import OnnxRuntimeRunner, OpenVinoRunner, openvino_cache_dir
+from handlers.model.host_batches import SoloThreadsRunner, host_batches, loads_of
 from handlers.model.runner_order import (
     DEFAULT_RUNNER_ORDER,
     RunnerName,
@@ -166,13 +167,20 @@ def checked_precisions(runner_precision: str, worker_precision: str) -> tuple[st
     return tuple(dict.fromkeys((runner_precision, float_precision(runner_precision, worker_precision))))
 
 
-def load_candidate(candidate: Candidate, model_dir: Path, machine: MachineTarget, threads: int) -> Runner:
-    """Load one resolved candidate (raises CompiledModelRefused("missing") without its file)."""
+def load_candidate(candidate: Candidate, model_dir: Path, machine: MachineTarget, threads: int,
+                   solo_threads: int | None = None) -> Runner:
+    """Load one resolved candidate (raises CompiledModelRefused("missing") without its file).
+    An engine with threads of its own is loaded a second time at `solo_threads` when that is
+    more than `threads`, for batches alone on the host (handlers.model.host_batches)."""
     path = model_dir / candidate.file
     if not path.is_file():
         raise CompiledModelRefused("missing", f"{candidate.file} is not in the archive")
     if candidate.package is not None:
         return ChunkedRunner(load_aoti_package(path, machine.device), candidate.package.target.max_batch_size)
+    if solo_threads is not None and solo_threads > threads:
+        return SoloThreadsRunner(load_candidate(candidate, model_dir, machine, threads),
+                                 load_candidate(candidate, model_dir, machine, solo_threads),
+                                 host_batches())
     if candidate.name.engine == "openvino":
         return OpenVinoRunner(path, float_precision(candidate.name.precision, machine.precision),
                               threads, openvino_cache_dir(model_dir))
@@ -180,7 +188,8 @@ def load_candidate(candidate: Candidate, model_dir: Path, machine: MachineTarget
 
 
 def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarget, native_bf16: bool,
-                  eager: EagerModel, timeout_s: float, threads: int) -> tuple[Runner, RunnerChoice]:
+                  eager: EagerModel, timeout_s: float, threads: int,
+                  solo_threads: int | None = None) -> tuple[Runner, RunnerChoice]:
     """(runner, choice): the first candidate that loads within `timeout_s` and passes the check on
     the archive's probe photos, else `eager.serve` (at the worker's precision) with every
     refusal. An archive with no compiled models: eager, nothing refused."""
@@ -199,9 +208,11 @@ def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarg
         try:
             loaded = resolved(candidate, runners, machine)
             runner = call_with_deadline(
-                functools.partial(load_candidate, loaded, model_dir, machine, threads), timeout_s)
-            check_answers(runner, eager.fp32, probe, *checked_precisions(candidate.name.precision,
-                                                                         machine.precision))
+                functools.partial(load_candidate, loaded, model_dir, machine, threads, solo_threads),
+                timeout_s)
+            for each in loads_of(runner):
+                check_answers(each, eager.fp32, probe, *checked_precisions(candidate.name.precision,
+                                                                           machine.precision))
         except CompiledModelRefused as refusal:
             logger.warning("runner %s refused (%s): %s", candidate.name, refusal.kind, refusal)
             refusals.append(Refusal(str(candidate.name), refusal))

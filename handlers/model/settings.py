@@ -106,6 +106,9 @@ class ClassifierSettings(HandlerSettings):
     channels_last: bool
     compile: CompileSettings | None
     jpeg_draft: bool = True
+    # Threads an OpenVINO / ONNX Runtime runner takes for a batch that begins while no other
+    # worker of the host is in one (handlers.model.host_batches); None: the worker's threads.
+    solo_threads: int | None = None
     compiled_packages: tuple[CompiledPackage, ...] = ()
     engine_models: tuple[EngineModel, ...] = ()      # written by the archive builder
     runner_order: Mapping[str, tuple[RunnerName, ...]] | None = None   # likewise
@@ -190,6 +193,19 @@ def parse_torch_threads(handler_section: Mapping[str, Any]) -> int | None:
     With several workers on a CPU host, workers x threads should not exceed the cores."""
     value = handler_section.get("torch_threads")
     return None if value is None else _positive_int(value, "torch_threads")
+
+
+def parse_solo_threads(handler_section: Mapping[str, Any]) -> int | None:
+    """`solo_threads`: threads of an engine runner's batch that begins while the host's other
+    workers are idle (at least `torch_threads`; default: none beyond the worker's own)."""
+    value = handler_section.get("solo_threads")
+    if value is None:
+        return None
+    solo = _positive_int(value, "solo_threads")
+    threads = parse_torch_threads(handler_section)
+    if threads is not None and solo < threads:
+        raise SettingsError(f"'solo_threads' ({solo}) must be at least 'torch_threads' ({threads})")
+    return solo
 
 
 DEFAULT_MAX_QUEUED = 100   # TorchServe's default job_queue_size
@@ -350,6 +366,7 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         compile=parse_compile(handler_section.get("compile")),
         limits=parse_limits(handler_section.get("limits", {})),
         jpeg_draft=bool(handler_section.get("jpeg_draft", True)),
+        solo_threads=parse_solo_threads(handler_section),
         compiled_packages=parse_compiled_packages(handler_section.get("compiled_packages")),
         engine_models=parse_engine_models(handler_section.get("engine_models")),
         runner_order=parse_order(handler_section.get("runner_order"), "runner_order"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ import yaml
 
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.model import model_loading
-from handlers.model.compiled_model import CompiledPackage, CompileTarget, MachineTarget
+from handlers.model.compiled_model import CompiledPackage, CompileTarget, MachineTarget, Runner
 from handlers.model.engine_runners import OpenVinoRunner
+from handlers.model.host_batches import LOCK_DIR_VARIABLE, LOCK_FILE_NAME, SoloThreadsRunner, host_batches
 from handlers.model.runner_order import parse_runner_order
 from handlers.model.runner_selection import (
     ArchiveRunners,
@@ -29,6 +31,8 @@ from handlers.model.runner_selection import (
 from tests.answers import assert_same_answer
 from tests.archives import load_classifier_dir, photo_answers
 from tests.recording_metrics import RecordingMetrics
+from tests.runners import engine_threads
+from tests.unit.test_host_batches import other_worker_in_a_batch
 
 TARGET = CompileTarget("2.14.1", "cpu", "AVX2", "fp32", 8, (3, 224, 224), True)
 FP32_PACKAGE = CompiledPackage("compiled/model-fp32.pt2", TARGET)
@@ -196,3 +200,45 @@ def test_torch_keeps_one_thread_where_another_engine_computes_on_the_worker_thre
         assert handler.classifier.run.compiled.get_property("INFERENCE_NUM_THREADS") == 2
     else:
         assert order[0] == "aoti-fp32"
+
+
+@pytest.fixture
+def own_batch_lock(tmp_path, monkeypatch) -> Iterator[Path]:
+    """The process's batch registration on a lock file of this test's own, so workers of servers
+    running beside the test do not count as other workers in a batch."""
+    monkeypatch.setenv(LOCK_DIR_VARIABLE, str(tmp_path))
+    host_batches.cache_clear()
+    yield tmp_path / LOCK_FILE_NAME
+    host_batches.cache_clear()
+
+
+@pytest.mark.parametrize("runner", ["openvino-fp32", "onnxruntime-fp32"])
+def test_an_engine_is_loaded_again_at_solo_threads_for_batches_alone_on_the_host(
+        classifier, eager_answers, tmp_path, own_batch_lock, runner):
+    model_dir = model_dir_with_order(classifier, tmp_path / "m", [runner])
+    config_path = model_dir / "model-config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    config["handler"].update(torch_threads=1, solo_threads=2)
+    config_path.write_text(yaml.safe_dump(config))
+    handler = load_classifier_dir(model_dir)
+    run = handler.classifier.run
+    assert handler.runner == runner and isinstance(run, SoloThreadsRunner)
+    assert [engine_threads(load) for load in (run.shared, run.solo)] == [1, 2]
+    ran: list[str] = []
+    for name in ("shared", "solo"):
+        setattr(run, name, noting(name, getattr(run, name), ran))
+    alone = photo_answers(handler, PHOTOS)
+    with other_worker_in_a_batch(own_batch_lock):
+        beside_another = photo_answers(handler, PHOTOS)
+    assert ran == ["solo", "shared"]
+    for answers in (alone, beside_another):
+        for got, expected in zip(answers, eager_answers, strict=True):
+            assert_same_answer(got, expected, "fp32")
+
+
+def noting(name: str, load: Runner, ran: list[str]) -> Runner:
+    """`load`, noting `name` in `ran` at every call."""
+    def run(batch: torch.Tensor) -> torch.Tensor:
+        ran.append(name)
+        return load(batch)
+    return run

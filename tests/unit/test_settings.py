@@ -9,6 +9,7 @@ from handlers.model.settings import (
     parse_classifier_settings,
     parse_compile,
     parse_log_batches,
+    parse_solo_threads,
     parse_torch_threads,
 )
 
@@ -102,3 +103,13 @@ def test_serving_options_of_the_base_handler():
         parse_torch_threads({"torch_threads": 0})
     with pytest.raises(SettingsError, match="log_batches"):
         parse_log_batches({"log_batches": "no"})
+
+
+def test_solo_threads_are_at_least_the_workers_own():
+    assert parse_solo_threads({}) is None
+    assert parse_solo_threads({"solo_threads": 2}) == 2
+    assert parse_solo_threads({"torch_threads": 2, "solo_threads": 2}) == 2
+    with pytest.raises(SettingsError, match=r"'solo_threads' \(1\) must be at least 'torch_threads' \(2\)"):
+        parse_solo_threads({"torch_threads": 2, "solo_threads": 1})
+    with pytest.raises(SettingsError, match="solo_threads"):
+        parse_solo_threads({"solo_threads": 0})

@@ -97,6 +97,7 @@ class RunnerChoice:
     cpu_kind: str | None = None
     refusals: tuple[Refusal, ...] = ()
     package: CompiledPackage | None = None
+    solo_threads: int | None = None   # loaded again at this many threads (host_batches)
 
     @property
     def computes_in_torch(self) -> bool:
@@ -113,6 +114,8 @@ class RunnerChoice:
             described["cpu_capability"] = self.package.target.cpu_capability
         if self.cpu_kind is not None:
             described["cpu_kind"] = self.cpu_kind
+        if self.solo_threads is not None:
+            described["solo_threads"] = self.solo_threads
         if self.refusals:
             described["refused"] = [{"runner": refusal.runner, "reason": refusal.error.kind,
                                      "message": str(refusal.error)} for refusal in self.refusals]
@@ -217,8 +220,9 @@ def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarg
             logger.warning("runner %s refused (%s): %s", candidate.name, refusal.kind, refusal)
             refusals.append(Refusal(str(candidate.name), refusal))
             continue
+        solo = solo_threads if isinstance(runner, SoloThreadsRunner) else None
         return runner, RunnerChoice(str(candidate.name), candidate.name.precision, loaded.file, kind,
-                                    tuple(refusals), loaded.package)
+                                    tuple(refusals), loaded.package, solo)
     if refusals:
         logger.warning("every compiled runner was refused: serving the eager model")
     return eager.serve, RunnerChoice(EAGER, machine.precision, None, kind, tuple(refusals))

@@ -92,6 +92,7 @@ def test_torchserve_describe_request_gets_the_worker_runner_and_no_prediction(cl
     choice = classifier.runners["classifier"]
     assert runner["runner"] == choice.runner != "eager" and runner["file"].startswith("compiled/model")
     assert runner["precision"] == choice.precision and runner["cpu_kind"] == choice.cpu_kind
+    assert runner.get("solo_threads") == choice.solo_threads
 
 
 def test_a_client_describe_header_on_an_image_request_or_a_batch_is_predicted_as_usual(classifier):

@@ -224,6 +224,7 @@ def test_an_engine_is_loaded_again_at_solo_threads_for_batches_alone_on_the_host
     run = handler.classifier.run
     assert handler.runner == runner and isinstance(run, SoloThreadsRunner)
     assert [engine_threads(load) for load in (run.shared, run.solo)] == [1, 2]
+    assert handler.describe()["runners"]["classifier"]["solo_threads"] == 2
     ran: list[str] = []
     for name in ("shared", "solo"):
         setattr(run, name, noting(name, getattr(run, name), ran))

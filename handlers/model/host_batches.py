@@ -54,9 +54,15 @@ class HostBatches:
         self.state = threading.local()   # per thread: a pipeline's stages run in one batch
 
     def descriptor(self) -> int | None:
+        """The lock file, opened once. flock needs no write access, so read-only: the file may
+        belong to another user's workers (and opening an existing file of another user with
+        O_CREAT in a sticky /tmp is refused where fs.protected_regular is set)."""
         if self.handle is None:
             try:
-                self.handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+                try:
+                    self.handle = os.open(self.path, os.O_RDONLY)
+                except FileNotFoundError:
+                    self.handle = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o666)
             except OSError as error:
                 logger.warning("no batch lock at %s (%s): batches never take solo threads",
                                self.path, error)

@@ -3,6 +3,8 @@ batch alone on the host (handlers/model/host_batches)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 import threading
@@ -182,3 +184,19 @@ def test_a_batch_that_began_alone_runs_shared_once_another_worker_has_begun_one(
             assert not batches.still_alone()
         runner(torch.ones(1))                          # the other has finished
     assert ran == ["shared", "solo"]
+
+
+def test_the_lock_file_is_opened_read_only_so_another_users_file_serves(tmp_path):
+    # flock needs no write access, and the file may belong to another user's workers (root, who
+    # runs these tests, could write it anyway: so the opening mode is what is checked).
+    lock = tmp_path / "batches.lock"
+    lock.touch()
+    lock.chmod(0o444)
+    batches = HostBatches(lock)
+    with batches.batch() as alone:
+        assert alone
+        with other_worker_in_a_batch(lock) as other:
+            assert other.said == "shared"
+    descriptor = batches.descriptor()
+    assert descriptor is not None
+    assert fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY

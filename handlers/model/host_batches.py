@@ -51,7 +51,7 @@ class HostBatches:
         self.handle: int | None = None
         self.mutex = threading.Lock()    # guards `running` and the lock file's state
         self.running = 0                 # this process's batches now
-        self.state = threading.local()   # per thread: a pipeline's stages run in one batch
+        self.state = threading.local()   # per thread: whether its batch began alone
 
     def descriptor(self) -> int | None:
         """The lock file, opened once. flock needs no write access, so read-only: the file may
@@ -76,15 +76,10 @@ class HostBatches:
             fd = self.descriptor()
             if fd is None or self.running > 1:
                 return False
-            alone = False
             if may_be_alone:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    alone = True
-                except BlockingIOError:
-                    pass
-            fcntl.flock(fd, fcntl.LOCK_SH)   # (from exclusive:) other workers may now enter
-            return alone
+                return self.exclusive_granted(fd)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return False
 
     def still_alone(self) -> bool:
         """Whether this thread's batch began alone and no other worker has begun one since (asked
@@ -93,40 +88,38 @@ class HostBatches:
             return False
         with self.mutex:
             fd = self.descriptor()
-            if fd is None or self.running != 1:
-                return False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                alone = True
-            except BlockingIOError:
-                alone = False    # and the shared lock is gone: a failed conversion drops it
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            return alone
+            return fd is not None and self.running == 1 and self.exclusive_granted(fd)
+
+    @staticmethod
+    def exclusive_granted(fd: int) -> bool:
+        """Ask for the exclusive lock without waiting (granted: no other worker is in a batch),
+        then hold the shared one either way: from exclusive, other workers may enter again; after
+        a refusal, because a failed conversion from shared drops the lock held."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            granted = True
+        except BlockingIOError:
+            granted = False
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return granted
 
     def leave(self) -> None:
         with self.mutex:
             self.running -= 1
-            if self.running == 0 and self.handle is not None and self.handle >= 0:
-                fcntl.flock(self.handle, fcntl.LOCK_UN)
+            fd = self.descriptor()
+            if self.running == 0 and fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
     def batch(self, may_be_alone: bool = True) -> Iterator[bool]:
         """Hold this worker's place on the host for a batch; yields whether no other batch was
-        running when it began (False when not `may_be_alone`: see `solo_eligible`). Nested calls
-        (a pipeline's stages) share the outer batch's."""
-        if getattr(self.state, "depth", 0):
-            self.state.depth += 1
-            try:
-                yield self.state.alone
-            finally:
-                self.state.depth -= 1
-            return
+        running when it began (False when not `may_be_alone`: see `solo_eligible`)."""
         alone = self.enter(may_be_alone)
-        self.state.depth, self.state.alone = 1, alone
+        self.state.alone = alone
         try:
             yield alone
         finally:
-            self.state.depth, self.state.alone = 0, False
+            self.state.alone = False
             self.leave()
 
     @property

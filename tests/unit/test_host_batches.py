@@ -117,19 +117,6 @@ def test_batches_of_threads_of_one_process_count_as_others(tmp_path):
     assert seen == [True, False, True]
 
 
-def test_a_nested_batch_shares_the_outer_ones_answer(tmp_path):
-    lock = tmp_path / "batches.lock"
-    batches = HostBatches(lock)
-    with batches.batch() as outer:
-        with batches.batch() as inner:
-            assert outer and inner
-        assert batches.alone                      # still inside the outer batch
-    with other_worker_in_a_batch(lock), batches.batch() as outer, batches.batch() as inner:
-        assert not outer and not inner
-    with other_worker_in_a_batch(lock) as other:
-        assert other.said == "alone"              # the nested batch released the lock
-
-
 def test_without_a_lock_file_batches_run_and_are_never_alone(tmp_path, caplog):
     batches = HostBatches(tmp_path / "missing" / "batches.lock")
     with caplog.at_level("WARNING", logger="handlers.model.host_batches"):

@@ -10,8 +10,7 @@ batching, no bound on what is accepted). Two engines, behind the same server:
 
 Each is served at a given number of intra-op threads (the handler loaded at that
 `torch_threads`, which its engine takes, for ours; the session's `intra_op_num_threads` for ONNX
-Runtime): the lab measures both 1 and the number of
-cores and keeps the best per load.
+Runtime): the lab measures both 1 and the number of cores and keeps the best per load.
 """
 
 from __future__ import annotations

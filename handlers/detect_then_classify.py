@@ -74,7 +74,9 @@ class DetectThenClassifyHandler(
                                              len(self.classifier.labels))
 
     def preprocess(self, items: Sequence[Item]) -> PipelineInput:
-        return PipelineInput(self.detector.model_input([item.image for item in items]), items)
+        return PipelineInput(self.detector.model_input([item.image for item in items],
+                                                       [item.options.detection for item in items]),
+                             items)
 
     def infer(self, model_input: PipelineInput) -> PipelineOutput:
         requests = model_input.requests

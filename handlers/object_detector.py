@@ -51,7 +51,8 @@ class ObjectDetectorHandler(
                                        self.settings.max_detections_cap)
 
     def preprocess(self, items: Sequence[Item]) -> DetectorInput:
-        return self.detector.model_input([item.image for item in items])
+        return self.detector.model_input([item.image for item in items],
+                                         [item.options for item in items])
 
     def infer(self, model_input: DetectorInput) -> Any:
         return self.detector.forward(model_input)

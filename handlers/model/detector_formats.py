@@ -11,7 +11,8 @@ Both select per request in the same place (`detections`): score threshold, class
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -23,6 +24,7 @@ from handlers.task.detection import (
     DetectionOptions,
     DetectionTensors,
     DetectorInput,
+    candidate_score_threshold,
     select_detections,
     suppress_overlaps,
     yolo_candidates,
@@ -31,8 +33,13 @@ from handlers.task.letterbox import boxes_to_original, letterbox_batch
 
 
 class DetectorFormat(Protocol):
-    def model_input(self, images: Sequence[torch.Tensor], device: torch.device) -> DetectorInput:
+    def model_input(self, images: Sequence[torch.Tensor], device: torch.device,
+                    lowest_score_asked: float | None) -> DetectorInput:
         """`uint8[3, H, W]` images -> the model's input (and the geometry to map boxes back)."""
+
+    def running_batch(self, network: Any,
+                      model_input: DetectorInput) -> contextlib.AbstractContextManager[None]:
+        """What the network is set to while it runs this batch."""
 
     def model_output(self, output: Any) -> Any:
         """What the model returned -> one entry per image."""
@@ -44,8 +51,14 @@ class DetectorFormat(Protocol):
 
 
 class TorchvisionFormat:
-    def model_input(self, images: Sequence[torch.Tensor], device: torch.device) -> DetectorInput:
-        return DetectorInput([F.to_dtype(image.to(device), torch.float32, scale=True) for image in images])
+    def model_input(self, images: Sequence[torch.Tensor], device: torch.device,
+                    lowest_score_asked: float | None) -> DetectorInput:
+        return DetectorInput([F.to_dtype(image.to(device), torch.float32, scale=True) for image in images],
+                             lowest_score_asked=lowest_score_asked)
+
+    def running_batch(self, network: Any,
+                      model_input: DetectorInput) -> contextlib.AbstractContextManager[None]:
+        return candidates_from(network, model_input.lowest_score_asked)
 
     def model_output(self, output: Any) -> Any:
         return output
@@ -66,9 +79,14 @@ class YoloFormat:
     input_size: int
     letterbox_fill: int
 
-    def model_input(self, images: Sequence[torch.Tensor], device: torch.device) -> DetectorInput:
+    def model_input(self, images: Sequence[torch.Tensor], device: torch.device,
+                    lowest_score_asked: float | None) -> DetectorInput:
         batch, letterboxes = letterbox_batch(images, self.input_size, self.letterbox_fill, device)
-        return DetectorInput(batch, letterboxes)
+        return DetectorInput(batch, letterboxes, lowest_score_asked)
+
+    def running_batch(self, network: Any,
+                      model_input: DetectorInput) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()    # candidates are thresholded per request, before NMS
 
     def model_output(self, output: Any) -> Any:
         return output[0] if isinstance(output, (tuple, list)) else output  # (predictions, extras)
@@ -82,6 +100,31 @@ class YoloFormat:
             found = yolo_detections(raw, asked)
             selected.append(found._replace(boxes_xyxy=boxes_to_original(found.boxes_xyxy, letterbox)))
         return selected
+
+
+def postprocess_settings(network: Any) -> Any | None:
+    """The module whose `score_thresh` a torchvision detector's postprocess reads (`roi_heads` for
+    the R-CNNs, the model itself for SSD, RetinaNet and FCOS); None for anything else."""
+    holder = getattr(network, "roi_heads", network)
+    return holder if isinstance(getattr(holder, "score_thresh", None), float) else None
+
+
+@contextlib.contextmanager
+def candidates_from(network: Any, lowest_score_asked: float | None) -> Iterator[None]:
+    """Run the network with its postprocess dropping the candidates no request of the batch can
+    be answered (`candidate_score_threshold`), then put its threshold back. The served threshold
+    is the lowest a request may ask for (0.001 by default), where per-class top-k and NMS over
+    every candidate are most of an SSDlite forward pass on a CPU (docs/benchmarks.md)."""
+    holder = postprocess_settings(network)
+    if holder is None:
+        yield
+        return
+    configured = holder.score_thresh
+    holder.score_thresh = candidate_score_threshold(configured, lowest_score_asked)
+    try:
+        yield
+    finally:
+        holder.score_thresh = configured
 
 
 def yolo_detections(raw: torch.Tensor, options: DetectionOptions) -> DetectionTensors:

@@ -6,6 +6,7 @@ Used by the object detector and by the detect-then-classify pipeline.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,12 @@ import torch
 from handlers.model.detector_formats import DetectorFormat, detector_format
 from handlers.model.model_loading import autocast, load_for_serving
 from handlers.model.settings import DetectorSettings
-from handlers.task.detection import DetectionOptions, DetectionTensors, DetectorInput
+from handlers.task.detection import (
+    DetectionOptions,
+    DetectionTensors,
+    DetectorInput,
+    lowest_score_asked,
+)
 
 WARM_UP_SIZE_HW = (480, 640)
 
@@ -31,13 +37,18 @@ class DetectorModel:
                                                                      serialized_file, device)
         self.format: DetectorFormat = detector_format(settings.output_format, settings.input_size,
                                                       settings.letterbox_fill)
+        self._running = threading.Lock()    # a batch's settings of the network hold for its forward
 
-    def model_input(self, images: Sequence[torch.Tensor]) -> DetectorInput:
-        """`uint8[3, H_i, W_i]` images -> the network's input (and letterbox geometry)."""
-        return self.format.model_input(images, self.device)
+    def model_input(self, images: Sequence[torch.Tensor],
+                    options: Sequence[DetectionOptions] | None = None) -> DetectorInput:
+        """`uint8[3, H_i, W_i]` images -> the network's input (and letterbox geometry); with the
+        requests' `options`, the network keeps only candidates some request can be answered
+        (`handlers.task.detection.candidate_score_threshold`), without them every candidate."""
+        return self.format.model_input(images, self.device, lowest_score_asked(options))
 
     def forward(self, model_input: DetectorInput) -> Any:
-        with autocast(self.device, self.precision):
+        with self._running, autocast(self.device, self.precision), \
+                self.format.running_batch(self.network, model_input):
             return self.format.model_output(self.network(model_input.images))
 
     def detections(self, output: Any, model_input: DetectorInput, images: Sequence[torch.Tensor],

@@ -30,10 +30,35 @@ class DetectionOptions:
 
 @dataclass(frozen=True)
 class DetectorInput:
-    """A list of float images (torchvision), or a letterboxed batch and its letterboxes (YOLO)."""
+    """A list of float images (torchvision), or a letterboxed batch and its letterboxes (YOLO);
+    `lowest_score_asked`: the lowest score threshold of the batch's requests (None: not known,
+    so every candidate the model's own threshold lets through is kept)."""
 
     images: list[torch.Tensor] | torch.Tensor
     letterboxes: list[Letterbox] | None = None
+    lowest_score_asked: float | None = None
+
+
+def lowest_score_asked(options: Sequence[DetectionOptions] | None) -> float | None:
+    """The lowest `score_threshold` among a batch's requests; None for no requests."""
+    return min((asked.score_threshold for asked in options), default=None) if options else None
+
+
+def candidate_score_threshold(model_threshold: float, lowest_asked: float | None) -> float:
+    """The score threshold a torchvision detector's own postprocess may drop candidates at for a
+    batch whose requests each keep scores >= their own threshold, the lowest being `lowest_asked`:
+    the float32 just below it (the model keeps scores strictly above its threshold), never below
+    the model's configured `model_threshold` (the lowest any request can get).
+
+    Every request's answer stays what it is at `model_threshold`: a candidate under every
+    request's threshold is never answered, and in the model's per-class top-k, NMS (a box is
+    suppressed only by a higher-scoring one) and detections-per-image cap (taken best first) the
+    candidates that are answered are decided by higher-scoring candidates only."""
+    if lowest_asked is None:
+        return model_threshold
+    just_below = torch.nextafter(torch.tensor(lowest_asked, dtype=torch.float32),
+                                 torch.tensor(-1.0, dtype=torch.float32)).item()
+    return max(model_threshold, just_below)
 
 
 class DetectionTensors(NamedTuple):

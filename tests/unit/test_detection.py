@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handlers.model.detector_formats import yolo_detections
+from handlers.model.detector_formats import candidates_from, yolo_detections
 from handlers.task.detection import (
     DetectionOptions,
     DetectionTensors,
+    candidate_score_threshold,
     format_detections,
+    lowest_score_asked,
     select_detections,
 )
 from handlers.task.letterbox import boxes_to_letterbox, boxes_to_original, letterbox_geometry
@@ -99,3 +101,44 @@ def test_format_gives_label_index_score_and_box():
                                   torch.tensor([1]))
     assert format_detections(detections, ["cat", "dog"]) == [
         {"label": "dog", "index": 1, "score": 0.5, "box": [1.23, 2.0, 3.0, 4.0]}]
+
+
+def float32_below(value: float) -> float:
+    return torch.nextafter(torch.tensor(value), torch.tensor(-1.0)).item()
+
+
+def test_the_candidate_threshold_sits_just_below_the_lowest_asked_and_never_below_the_models():
+    asked = [DetectionOptions(0.5, 0.5, 10), DetectionOptions(0.3, 0.5, 10)]
+    assert lowest_score_asked(asked) == 0.3 and lowest_score_asked([]) is None
+    threshold = candidate_score_threshold(0.001, 0.3)
+    assert threshold < 0.3 and threshold == float32_below(0.3)
+    score_at_threshold = torch.tensor([0.3])        # a request keeps scores equal to its threshold
+    assert bool(score_at_threshold > threshold)     # and the model keeps scores above its own
+    assert candidate_score_threshold(0.001, 0.0) == 0.001
+    assert candidate_score_threshold(0.05, None) == 0.05
+
+
+class Postprocess:
+    def __init__(self, score_thresh: float) -> None:
+        self.score_thresh = score_thresh
+
+
+class TwoStage:                               # the R-CNNs keep the threshold on their roi_heads
+    def __init__(self) -> None:
+        self.roi_heads = Postprocess(0.05)
+
+
+@pytest.mark.parametrize("network, holder_of", [
+    (Postprocess(0.001), lambda network: network),
+    (TwoStage(), lambda network: network.roi_heads),
+])
+def test_a_batch_raises_the_models_threshold_for_its_forward_pass_only(network, holder_of):
+    configured = holder_of(network).score_thresh
+    with candidates_from(network, 0.4):
+        assert holder_of(network).score_thresh == float32_below(0.4)
+    assert holder_of(network).score_thresh == configured
+    with pytest.raises(RuntimeError), candidates_from(network, 0.4):
+        raise RuntimeError("the forward pass failed")
+    assert holder_of(network).score_thresh == configured
+    with candidates_from(object(), 0.4):      # a network without the setting runs as it is
+        pass

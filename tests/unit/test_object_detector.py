@@ -96,6 +96,33 @@ def test_handler_answers_equal_the_eager_torchvision_model(architecture, tmp_pat
     assert len(top_scores) == len(PHOTOS), "the fixed-seed model scores every photo alike"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", ["ssdlite320_mobilenet_v3_large",
+                                          "fasterrcnn_mobilenet_v3_large_320_fpn"])
+def test_a_batch_drops_only_candidates_none_of_its_requests_can_be_answered(architecture, tmp_path):
+    handler = load_detector(stage_model_dir(describe(architecture, FAMILIES[architecture]), tmp_path))
+    network = handler.detector.network
+    holder: Any = getattr(network, "roi_heads", network)
+    configured = holder.score_thresh
+    seen: list[float] = []
+    network.register_forward_pre_hook(lambda module, args: seen.append(holder.score_thresh))
+    images = [photo_bytes(name) for name in PHOTOS]
+    everything = [json.loads(body) for body in handler.handle(
+        [{"body": {"data": base64.b64encode(image).decode(), **EVERYTHING}} for image in images],
+        archive_context(handler.model_dir))]
+    assert seen[-1] == configured
+    # one threshold exactly at a detection's score (kept: a request keeps scores >= its own)
+    asked = [everything[0][4]["score"], everything[1][19]["score"], everything[1][19]["score"]]
+    rows = [{"body": {"data": base64.b64encode(image).decode(), "score_threshold": threshold,
+                      "max_detections": 300}} for image, threshold in zip(images, asked, strict=True)]
+    answers = [json.loads(body) for body in handler.handle(rows, archive_context(handler.model_dir))]
+    assert configured < seen[-1] < min(asked)
+    assert holder.score_thresh == configured
+    for answer, all_found, threshold in zip(answers, everything, asked, strict=True):
+        assert answer == [found for found in all_found if found["score"] >= threshold]
+    assert len(answers[0]) == 5 and len(answers[1]) == 20
+
+
 class BrightBoxDetector(nn.Module):
     """A YOLO-style model ([B, 4 + 2, 1]) that 'detects' the bright region of each input: the box
     around pixels brighter than the letterbox fill, class 0 with score 0.9."""

@@ -233,6 +233,7 @@ def test_detector_parts_times_every_part_of_the_served_detector_and_refuses_a_cl
     figures = detector_parts.measure(model_store / "ssdlite320-1.0.mar", 1, [1], repeats=1, rounds=1)
     assert set(detector_parts.PARTS) <= set(figures[1])
     assert "openvino f32 backbone+head" in figures[1] and all(ms > 0 for ms in figures[1].values())
+    assert {"postprocess, requests at 0.3", "whole, requests at 0.3"} <= set(figures[1])
     assert detector_parts.table(figures).splitlines()[0].split() == ["part", "batch", "1", "ms"]
     with pytest.raises(ValueError, match=r"efficientnet_lite0-1\.0\.mar: not a detector archive"):
         detector_parts.measure(model_store / "efficientnet_lite0-1.0.mar", 1, [1], 1, 1)

@@ -1,7 +1,9 @@
 """Where a torchvision SSD-family detector's time goes, in one process on this CPU: its transform,
 backbone, head and postprocess (box decoding, score filter, per-class NMS) at the archive's
-served settings, and the backbone + head converted to OpenVINO (f32, bf16 where native), to say
-what an engine would save before building one.
+served settings, the postprocess and the whole model again as a batch of requests at the
+default score threshold runs them (candidates under every request's threshold dropped first:
+handlers.model.detector_formats.candidates_from), and the backbone + head converted to OpenVINO
+(f32, bf16 where native), to say what an engine would save before building one.
 
     torchserve-vision lab detector-parts                  # model_store/ssdlite320-1.0.mar
     torchserve-vision lab detector-parts --threads 2 --batch-sizes 1 4
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from handlers.model.detector_formats import candidates_from
 from handlers.model.engine_runners import openvino_core
 from handlers.model.settings import SettingsError
 from handlers.object_detector import ObjectDetectorHandler
@@ -76,7 +79,7 @@ def openvino_forward(module: nn.Module, example: torch.Tensor, precision: str, t
 
 
 def measure_batch(detector: Any, batch_size: int, threads: int, bf16: bool, repeats: int,
-                  rounds: int) -> dict[str, float]:
+                  rounds: int, default_threshold: float) -> dict[str, float]:
     batch = photos(batch_size)
     with torch.inference_mode():
         images, _ = detector.transform(batch)
@@ -91,6 +94,12 @@ def measure_batch(detector: Any, batch_size: int, threads: int, bf16: bool, repe
                 head, anchors, images.image_sizes), repeats, rounds),
             "whole": best_ms(lambda: detector(batch), repeats, rounds),
         }
+        with candidates_from(detector, default_threshold):
+            figures[f"postprocess, requests at {default_threshold}"] = best_ms(
+                lambda: detector.postprocess_detections(head, anchors, images.image_sizes),
+                repeats, rounds)
+            figures[f"whole, requests at {default_threshold}"] = best_ms(
+                lambda: detector(batch), repeats, rounds)
     network_input = images.tensors.numpy().copy()
     for precision in ("f32", "bf16") if bf16 else ("f32",):
         request = openvino_forward(BackboneAndHead(detector).eval(), images.tensors, precision, threads)
@@ -116,14 +125,16 @@ def measure(archive: Path, threads: int, batch_sizes: Sequence[int], repeats: in
         if not all(hasattr(detector, part) for part in ("transform", "backbone", "head",
                                                         "postprocess_detections")):
             raise ValueError(f"{archive.name}: not a torchvision SSD-family detector")
+        default_threshold = handler.settings.defaults.score_threshold
         return {batch_size: measure_batch(detector, batch_size, threads, cpu_has_native_bf16(),
-                                          repeats, rounds) for batch_size in batch_sizes}
+                                          repeats, rounds, default_threshold)
+                for batch_size in batch_sizes}
 
 
 def table(figures: dict[int, dict[str, float]]) -> str:
     sizes = list(figures)
     parts = list(next(iter(figures.values())))
-    lines = [f"{'part':<32} " + " ".join(f"{f'batch {b} ms':>12}" for b in sizes)]
+    lines = [f"{'part':<34} " + " ".join(f"{f'batch {b} ms':>12}" for b in sizes)]
     for part in parts:
-        lines.append(f"{part:<32} " + " ".join(f"{figures[b][part]:>12.2f}" for b in sizes))
+        lines.append(f"{part:<34} " + " ".join(f"{figures[b][part]:>12.2f}" for b in sizes))
     return "\n".join(lines)

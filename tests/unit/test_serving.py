@@ -15,6 +15,7 @@ from torch import nn
 from handlers.batch_metrics import emit_batch_metrics
 from handlers.batch_record import BatchRecord
 from handlers.image_classifier import ImageClassifierHandler
+from tests.answers import assert_same_answer
 from tests.archives import archive_context
 from tests.images import photo_bytes
 from tests.recording_metrics import RecordingMetrics
@@ -119,4 +120,5 @@ def test_request_headers_are_read_in_any_case(tiny_classifier):
     served = [json.loads(body) for body in
               tiny_classifier.handle([{"body": bytearray(image)} for _ in spellings], context)]
     assert [len(answer) for answer in served] == [2, 2, 2]
-    assert served[0] == served[1] == served[2]
+    for answer in served[1:]:    # one image; batch positions may sum in another order (AVX2 GEMM)
+        assert_same_answer(answer, served[0])

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import requests
@@ -52,6 +52,11 @@ CHECK_INTERVAL_MS = 250
 # keeps its pod in the rotation at least (CHECKS_TO_FALL - 1) * CHECK_INTERVAL_MS after it
 # starts failing, so the rehearsal always sees what such a stop costs.
 CHECKS_TO_FALL = 2
+# The longest a pod whose readiness turned false stays in the rotation: the next check starts up
+# to one interval later, each failed check may take its whole timeout (HAProxy's check timeout is
+# the interval when `timeout check` is unset), and the checks after the first start one interval
+# after the previous one ends. A graceful stop's drain delay must be longer than this.
+REMOVAL_BOUND_S = (1 + CHECKS_TO_FALL + (CHECKS_TO_FALL - 1)) * CHECK_INTERVAL_MS / 1000
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class PodStep:
     stopped_at_s: float = 0.0   # when the stop was sent, from the start of the load
     back_at_s: float = 0.0      # when it was back in the rotation, from the start of the load
     failed: int = 0      # failed requests scheduled from the previous step's end to this one's
+    errors: dict[str, int] = field(default_factory=dict)   # those failures by status
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,8 @@ class RehearsalReport:
     def table(self) -> str:
         lines = [f"{step.pod}: {'SIGTERM' if step.graceful else 'stock stop'}, exit "
                  f"{step.exit_code} after {step.stop_s:.1f} s; restarted and in rotation in "
-                 f"{step.restart_s:.1f} s; {step.failed} failed" for step in self.steps]
+                 f"{step.restart_s:.1f} s; {step.failed} failed {step.errors or ''}".rstrip()
+                 for step in self.steps]
         latency = "  ".join(f"{k} {v:.0f}" for k, v in self.latency_ms.items())
         lines.append(f"{self.sent} requests at {self.rate_rps:g}/s over {self.duration_s:.0f} s: "
                      f"{self.failed} failed {self.errors or ''}".rstrip())
@@ -216,8 +223,7 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
         load_done.set()
         load.join(timeout=120)
     windows[-1] = float("inf")   # the last step also owns what was in flight at the end
-    steps = [replace(step, failed=sum(start <= result.scheduled_s < end and result.status != 200
-                                      for result in results))
+    steps = [step_failures(step, results, start, end)
              for step, start, end in zip(steps, windows, windows[1:], strict=False)]
     summary = summarize("open loop", results, time.perf_counter() - started, rate_rps)
     first_stop = steps[0].stopped_at_s if steps else float("inf")
@@ -228,6 +234,13 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
                            versions_before=answers_per_version(results, 0.0, first_stop),
                            versions_during=answers_per_version(results, first_stop, last_back),
                            versions_after=answers_per_version(results, last_back, float("inf")))
+
+
+def step_failures(step: PodStep, results: list[Result], start_s: float, end_s: float) -> PodStep:
+    """`step` with the failures among requests scheduled in [start_s, end_s), by status."""
+    errors = Counter("connection" if result.status == 0 else str(result.status) for result in results
+                     if start_s <= result.scheduled_s < end_s and result.status != 200)
+    return replace(step, failed=sum(errors.values()), errors=dict(errors))
 
 
 def rolled_config(config: Path, directory: Path, model_store: Path, load_models: str) -> Path:

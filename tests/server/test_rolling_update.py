@@ -27,8 +27,9 @@ def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop
     which takes two failed checks 250 ms apart, so at least a quarter second at 15 requests/s per
     pod: 5 to 16 failed per stock-stopped pod at 30/s, the rate here. (Out after one failed
     check, the window could be nearly nothing: 0 to 7 failed at 15/s, and once 0 at 30/s.)
-    A graceful pod keeps serving twice the longest the balancer may take to notice (a drain
-    delay of exactly that bound failed 4 requests once, on a loaded 2-core AVX2 machine)."""
+    A graceful pod keeps serving twice the longest the balancer may take to notice. A failure
+    counts against the step during which it happened (on a loaded 2-core machine answers take
+    over a second, and requests sent just before the stock stop fail in it)."""
     rolled = archive_with_version(model_store, CLASSIFIER, NEW_VERSION)
     report = rehearse(paths.DEVELOPMENT_CONFIG, model_store, pod_count=2, rate_rps=30,
                       drain_delay_s=2 * REMOVAL_BOUND_S, settle_s=1.0, load_models=CLASSIFIER,

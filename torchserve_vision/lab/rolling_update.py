@@ -68,7 +68,7 @@ class PodStep:
     restart_s: float     # start to ready, then back in the load balancer's rotation
     stopped_at_s: float = 0.0   # when the stop was sent, from the start of the load
     back_at_s: float = 0.0      # when it was back in the rotation, from the start of the load
-    failed: int = 0      # failed requests scheduled from the previous step's end to this one's
+    failed: int = 0      # requests that failed from the previous step's end to this one's
     errors: dict[str, int] = field(default_factory=dict)   # those failures by status
 
 
@@ -196,7 +196,10 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
         "max_in_flight": 64, "stop": load_done, "results": results, "started": started})
     load.start()
     steps = []
-    windows: list[float] = [0.0]   # step i counts the failures scheduled in windows[i]..[i + 1]
+    # Step i counts the requests that failed (ended) in windows[i]..[i + 1]: by when they were
+    # sent, a request still in flight when the next step stops its pod (answers take over a
+    # second on a loaded 2-core machine) would be counted against the step before.
+    windows: list[float] = [0.0]
     try:
         time.sleep(settle_s)
         for pod, graceful in plan:
@@ -237,9 +240,10 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
 
 
 def step_failures(step: PodStep, results: list[Result], start_s: float, end_s: float) -> PodStep:
-    """`step` with the failures among requests scheduled in [start_s, end_s), by status."""
+    """`step` with the requests that failed in [start_s, end_s), by status."""
     errors = Counter("connection" if result.status == 0 else str(result.status) for result in results
-                     if start_s <= result.scheduled_s < end_s and result.status != 200)
+                     if result.status != 200
+                     and start_s <= result.scheduled_s + result.latency_ms / 1000 < end_s)
     return replace(step, failed=sum(errors.values()), errors=dict(errors))
 
 

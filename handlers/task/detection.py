@@ -41,7 +41,7 @@ class DetectorInput:
 
 def lowest_score_asked(options: Sequence[DetectionOptions] | None) -> float | None:
     """The lowest `score_threshold` among a batch's requests; None for no requests."""
-    return min((asked.score_threshold for asked in options), default=None) if options else None
+    return min(asked.score_threshold for asked in options) if options else None
 
 
 def candidate_score_threshold(model_threshold: float, lowest_asked: float | None) -> float:

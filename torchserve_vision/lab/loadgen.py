@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
@@ -89,12 +89,18 @@ def poisson_schedule(rate_rps: float, duration_s: float, seed: int = 0) -> list[
     return arrivals[arrivals < duration_s].tolist()
 
 
+def error_counts(results: Iterable[Result]) -> dict[str, int]:
+    """The failed results by status (`connection` for a connection error or timeout), sorted."""
+    errors = Counter("connection" if r.status == 0 else str(r.status) for r in results if r.status != 200)
+    return dict(sorted(errors.items()))
+
+
 def summarize(mode: str, results: Sequence[Result], duration_s: float,
               offered_rps: float | None = None) -> Report:
     ok = [r.latency_ms for r in results if r.status == 200]
-    errors = Counter("connection" if r.status == 0 else str(r.status) for r in results if r.status != 200)
+    errors = error_counts(results)
     return Report(mode=mode, duration_s=duration_s, sent=len(results), succeeded=len(ok),
-                  errors=dict(sorted(errors.items())), throughput_rps=len(ok) / max(duration_s, 1e-9),
+                  errors=errors, throughput_rps=len(ok) / max(duration_s, 1e-9),
                   latency_ms=latency_summary(ok), offered_rps=offered_rps)
 
 

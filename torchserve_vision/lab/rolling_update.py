@@ -39,7 +39,7 @@ import requests
 
 from torchserve_vision.archives.versions import archive_manifest
 from torchserve_vision.front_proxy import haproxy_binary
-from torchserve_vision.lab.loadgen import LoadTarget, Result, run_open_loop, summarize
+from torchserve_vision.lab.loadgen import LoadTarget, Result, error_counts, run_open_loop, summarize
 from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.photos import photo_path
 from torchserve_vision.server_process import stop as stop_torchserve
@@ -241,10 +241,9 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
 
 def step_failures(step: PodStep, results: list[Result], start_s: float, end_s: float) -> PodStep:
     """`step` with the requests that failed in [start_s, end_s), by status."""
-    errors = Counter("connection" if result.status == 0 else str(result.status) for result in results
-                     if result.status != 200
-                     and start_s <= result.scheduled_s + result.latency_ms / 1000 < end_s)
-    return replace(step, failed=sum(errors.values()), errors=dict(errors))
+    errors = error_counts(result for result in results
+                          if start_s <= result.scheduled_s + result.latency_ms / 1000 < end_s)
+    return replace(step, failed=sum(errors.values()), errors=errors)
 
 
 def rolled_config(config: Path, directory: Path, model_store: Path, load_models: str) -> Path:

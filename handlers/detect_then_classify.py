@@ -64,10 +64,10 @@ class DetectThenClassifyHandler(
                                           self.model_dir / settings.classifier.directory,
                                           settings.classifier.serialized_file, self.device)
         self.labels, self.precision = self.detector.labels, self.detector.precision
-        self.runners = {"classifier": self.classifier.runner}
+        self.runners = {"detector": self.detector.runner, "classifier": self.classifier.runner}
 
     def torch_computes(self) -> bool:
-        return True     # the detector runs in torch, whatever serves the classifier
+        return True     # the detector's transform and postprocess and the crops run in torch
 
     def parse_options(self, row: Mapping[str, Any], header: HeaderReader) -> DetectClassifyOptions:
         return parse_detect_classify_options(row, header, self.settings, self.labels,

@@ -45,6 +45,7 @@ class ObjectDetectorHandler(
                                       required_serialized_file(serialized_file), self.device)
         self.labels, self.precision = self.detector.labels, self.detector.precision
         self.network = self.detector.network
+        self.runners = {"detector": self.detector.runner}
 
     def parse_options(self, row: Mapping[str, Any], header: HeaderReader) -> DetectionOptions:
         return parse_detection_options(row, header, self.settings.defaults, self.labels,

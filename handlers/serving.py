@@ -180,7 +180,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
 
     def torch_computes(self) -> bool:
         """Whether a network of this worker computes in torch (eager, or an AOTInductor
-        package). A kind whose networks are not all in `runners` (a detector) overrides it."""
+        package). A kind with more torch work than its networks' (a pipeline's crops) overrides it."""
         return not self.runners or any(choice.computes_in_torch for choice in self.runners.values())
 
     @property

@@ -16,13 +16,14 @@ from handlers.model.engine_runners import OnnxRuntimeRunner, OpenVinoRunner
 from handlers.model.model_loading import cpu_has_native_bf16, effective_precision
 from handlers.model.runner_order import cpu_kind
 from handlers.model.runner_selection import candidates
-from handlers.model.settings import parse_classifier_settings
+from handlers.model.settings import parse_classifier_settings, parse_detector_settings
 
 
-def first_runner_here(handler_section: Mapping[str, Any]) -> str:
-    """The first runner of a classifier's order (its archive YAML's `handler:` section) that
-    this CPU may run and the archive has a model for."""
-    settings = parse_classifier_settings(handler_section)
+def first_runner_here(handler_section: Mapping[str, Any], role: str = "classifier") -> str:
+    """The first runner of a network's order (its archive YAML's `handler:` section; `role`
+    "detector" for a detector's) that this CPU may run and the archive has a model for."""
+    parse = parse_detector_settings if role == "detector" else parse_classifier_settings
+    settings = parse(handler_section)
     native_bf16 = cpu_has_native_bf16()
     cpu = torch.device("cpu")
     machine = MachineTarget.here(cpu, effective_precision(settings.precision, cpu, native_bf16))
@@ -30,13 +31,13 @@ def first_runner_here(handler_section: Mapping[str, Any]) -> str:
     return str(candidates(settings.archive_runners, machine, kind)[0].name)
 
 
-def classifier_sections(mar: Path) -> dict[str, Mapping[str, Any]]:
-    """Network role -> `handler:` section, for a classifier archive ("classifier") or each
-    classifier stage of a pipeline archive."""
+def network_sections(mar: Path) -> dict[str, Mapping[str, Any]]:
+    """Network role -> `handler:` section, for a single-network archive ("classifier" or
+    "detector") or each stage of a pipeline archive that has compiled runners."""
     with zipfile.ZipFile(mar) as archive:
         handler = yaml.safe_load(archive.read("model-config.yaml"))["handler"]
     if "stages" not in handler:
-        return {"classifier": handler}
+        return {"detector" if "detection" in handler else "classifier": handler}
     return {role: stage["handler"] for role, stage in handler["stages"].items()
             if "compiled_packages" in stage["handler"] or "engine_models" in stage["handler"]}
 

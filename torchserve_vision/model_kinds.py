@@ -47,7 +47,7 @@ class ModelKind:
     top_label: Callable[[Any], str | None]   # the best label of one answer (smoke tests)
     network: Network | None = None
     default_labels: str | None = None         # for `build --name` without --labels
-    compiles: bool = False                    # `compile:` (ahead-of-time packages) applies
+    compiles: bool = False                    # a classifier's `compile:` (the whole network) applies
     stages: Mapping[str, str] = field(default_factory=dict)
     stages_share_classes: bool = False
 

@@ -1,5 +1,6 @@
 """The archive's OpenVINO and ONNX Runtime models as runners: `float[B, 3, S, S]` torch batch in,
-`float[B, C]` logits out, on the CPU, with the worker's thread count.
+`float[B, C]` logits out (a classifier; `outputs` gives every output of a model that has more:
+an SSD's backbone and head, handlers.model.ssd_engine), on the CPU, with the worker's thread count.
 
 Both engines release the GIL while they compute, like the GIL-free AOTInductor package, so a
 worker's other threads (decode, the continuous batcher) go on. Neither pins threads to cores:
@@ -50,10 +51,14 @@ class OpenVinoRunner:
         self.lock = threading.Lock()
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.outputs(batch)[0]
+
+    def outputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
         with self.lock:
             result = self.request.infer({0: numpy_input(batch)})
-            # The output buffer belongs to the request and is overwritten by its next call.
-            return torch.from_numpy(result[0].copy())
+            # The output buffers belong to the request and are overwritten by its next call.
+            return tuple(torch.from_numpy(result[index].copy())
+                         for index in range(len(self.compiled.outputs)))
 
 
 def compile_openvino_model(path: Path, config: dict[str, Any], cache_dir: Path | None) -> Any:
@@ -113,8 +118,11 @@ class OnnxRuntimeRunner:
         self.input_name = self.session.get_inputs()[0].name
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
-        (logits,) = self.session.run(None, {self.input_name: numpy_input(batch)})
-        return torch.from_numpy(logits)
+        return self.outputs(batch)[0]
+
+    def outputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.from_numpy(output)
+                     for output in self.session.run(None, {self.input_name: numpy_input(batch)}))
 
 
 def openvino_cache_dir(model_dir: Path) -> Path | None:

@@ -52,6 +52,14 @@ DEFAULT_RUNNER_ORDER: Mapping[str, tuple[str, ...]] = {
     "avx2": ("openvino-int8", "onnxruntime-fp32", "openvino-fp32", "aoti-fp32"),
 }
 
+# An SSD-family detector's backbone and head (handlers.model.ssd_engine), fp32 on every CPU kind.
+# Measured with `torchserve-vision lab detector-parts` on SSDlite320 on a 2-core AMD EPYC with
+# AVX2 only: ONNX Runtime 1.09x / 1.07x OpenVINO f32 at batch 1 / 4 on 1 thread, 1.11x / 1.10x on
+# 2 (docs/benchmarks.md, "Detector").
+DEFAULT_DETECTOR_RUNNER_ORDER: Mapping[str, tuple[str, ...]] = {
+    "avx2": ("onnxruntime-fp32", "openvino-fp32"),
+}
+
 
 @dataclass(frozen=True)
 class RunnerName:

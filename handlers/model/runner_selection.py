@@ -1,5 +1,6 @@
-"""Which runner serves a classifier on this worker: the first of the archive's order for this
-CPU's kind that this worker can run and whose answers pass the check, else the eager network.
+"""Which runner serves a classifier (or an SSD-family detector's backbone and head) on this
+worker: the first of the archive's order for this CPU's kind that this worker can run and whose
+answers pass the check, else the eager network.
 
 A candidate is skipped (not tried) when its precision is not one this worker may run (bf16 where
 the CPU has no native bf16, or the model did not ask for it) or when the archive has no model
@@ -7,6 +8,8 @@ for it. A candidate that is tried and fails (a package built for another CPU, an
 will not load in time, answers to the probe photos that the criterion of
 handlers.model.answer_agreement refuses at the runner's precision) is refused with its reason,
 logged, and the next one is tried. The eager network, always correct, serves when none passes.
+A detector's check compares every anchor's scores and box with the eager network's
+(handlers.model.ssd_engine.check_head_outputs), at the same bounds.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from handlers.model.compiled_model import (
     CompiledPackage,
     EagerModel,
     MachineTarget,
+    Result,
     Runner,
     call_with_deadline,
     check_answers,
@@ -42,6 +46,7 @@ from handlers.model.runner_order import (
     parse_runner_order,
     weights_for,
 )
+from handlers.model.ssd_engine import BackboneHeadRunner, check_head_outputs
 
 logger = logging.getLogger(__name__)
 EAGER = "eager"
@@ -190,40 +195,101 @@ def load_candidate(candidate: Candidate, model_dir: Path, machine: MachineTarget
     return OnnxRuntimeRunner(path, threads)
 
 
+def unusable(runners: ArchiveRunners, machine: MachineTarget) -> RunnerChoice | None:
+    """The eager choice where no compiled runner can serve (a GPU worker: the archive's models
+    are for the CPU; an archive without any), else None."""
+    if machine.device == "cpu" and runners:
+        return None
+    reason = () if not runners else (Refusal("all", CompiledModelRefused(
+        "target", f"the archive's compiled models are for the CPU, this worker runs on "
+                  f"{machine.device}")),)
+    return RunnerChoice(EAGER, machine.precision, refusals=reason)
+
+
+def first_that_serves(found: list[Candidate], runners: ArchiveRunners, machine: MachineTarget,
+                      load_checked: Callable[[Candidate], Result]
+                      ) -> tuple[Result | None, Candidate | None, tuple[Refusal, ...]]:
+    """(what `load_checked` made of the first candidate it did not refuse, that candidate
+    resolved, the refusals before it); (None, None, every refusal) when it refused them all."""
+    refusals: list[Refusal] = []
+    for candidate in found:
+        try:
+            loaded = resolved(candidate, runners, machine)
+            return load_checked(loaded), loaded, tuple(refusals)
+        except CompiledModelRefused as refusal:
+            logger.warning("runner %s refused (%s): %s", candidate.name, refusal.kind, refusal)
+            refusals.append(Refusal(str(candidate.name), refusal))
+    if refusals:
+        logger.warning("every compiled runner was refused: serving the eager model")
+    return None, None, tuple(refusals)
+
+
 def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarget, native_bf16: bool,
                   eager: EagerModel, timeout_s: float, threads: int,
                   solo_threads: int | None = None) -> tuple[Runner, RunnerChoice]:
     """(runner, choice): the first candidate that loads within `timeout_s` and passes the check on
     the archive's probe photos, else `eager.serve` (at the worker's precision) with every
     refusal. An archive with no compiled models: eager, nothing refused."""
-    if machine.device != "cpu" or not runners:
-        reason = () if not runners else (Refusal("all", CompiledModelRefused(
-            "target", f"the archive's compiled models are for the CPU, this worker runs on "
-                      f"{machine.device}")),)
-        return eager.serve, RunnerChoice(EAGER, machine.precision, refusals=reason)
+    eager_choice = unusable(runners, machine)
+    if eager_choice is not None:
+        return eager.serve, eager_choice
     kind = cpu_kind(machine.cpu_capability, machine.cpu_features, native_bf16)
     try:
         probe = eager.model_input(load_probe_photos(model_dir))
     except CompiledModelRefused as refusal:
         return eager.serve, RunnerChoice(EAGER, machine.precision, None, kind, (Refusal("all", refusal),))
-    refusals: list[Refusal] = []
-    for candidate in candidates(runners, machine, kind):
-        try:
-            loaded = resolved(candidate, runners, machine)
-            runner = call_with_deadline(
-                functools.partial(load_candidate, loaded, model_dir, machine, threads, solo_threads),
-                timeout_s)
-            for each in loads_of(runner):
-                check_answers(each, eager.fp32, probe, *checked_precisions(candidate.name.precision,
-                                                                           machine.precision))
-        except CompiledModelRefused as refusal:
-            logger.warning("runner %s refused (%s): %s", candidate.name, refusal.kind, refusal)
-            refusals.append(Refusal(str(candidate.name), refusal))
-            continue
-        solo = solo_threads if isinstance(runner, SoloThreadsRunner) else None
-        return runner, RunnerChoice(str(candidate.name), candidate.name.precision, loaded.file, kind,
-                                    tuple(refusals), loaded.package, solo)
-    if refusals:
-        logger.warning("every compiled runner was refused: serving the eager model")
-    return eager.serve, RunnerChoice(EAGER, machine.precision, None, kind, tuple(refusals))
 
+    def load_checked(candidate: Candidate) -> Runner:
+        runner = call_with_deadline(
+            functools.partial(load_candidate, candidate, model_dir, machine, threads, solo_threads),
+            timeout_s)
+        for each in loads_of(runner):
+            check_answers(each, eager.fp32, probe, *checked_precisions(candidate.name.precision,
+                                                                       machine.precision))
+        return runner
+
+    runner, chosen, refusals = first_that_serves(candidates(runners, machine, kind), runners, machine,
+                                                 load_checked)
+    if runner is None or chosen is None:
+        return eager.serve, RunnerChoice(EAGER, machine.precision, None, kind, refusals)
+    solo = solo_threads if isinstance(runner, SoloThreadsRunner) else None
+    return runner, RunnerChoice(str(chosen.name), chosen.name.precision, chosen.file, kind, refusals,
+                                chosen.package, solo)
+
+
+def choose_detector_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarget,
+                           native_bf16: bool, network: Any, timeout_s: float, threads: int
+                           ) -> tuple[BackboneHeadRunner | None, RunnerChoice]:
+    """(the backbone + head's runner, choice) of an SSD-family detector: the first candidate of
+    the archive's order that loads within `timeout_s` and whose head outputs for the probe
+    photos pass handlers.model.ssd_engine.check_head_outputs; None (the eager network serves)
+    when none does."""
+    eager_choice = unusable(runners, machine)
+    if eager_choice is not None:
+        return None, eager_choice
+    kind = cpu_kind(machine.cpu_capability, machine.cpu_features, native_bf16)
+    try:
+        probe = load_probe_photos(model_dir)
+    except CompiledModelRefused as refusal:
+        return None, RunnerChoice(EAGER, machine.precision, None, kind, (Refusal("all", refusal),))
+
+    def load_checked(candidate: Candidate) -> BackboneHeadRunner:
+        engine = call_with_deadline(
+            functools.partial(load_candidate, candidate, model_dir, machine, threads), timeout_s)
+        outputs: BackboneHeadRunner = engine.outputs  # type: ignore[attr-defined]
+        try:
+            reason = check_head_outputs(outputs, network, probe,
+                                        *checked_precisions(candidate.name.precision, machine.precision))
+        except Exception as error:  # noqa: BLE001 - an engine that cannot run the probe is refused
+            raise CompiledModelRefused("wrong_output", f"running the probe photos failed: "
+                                       f"{type(error).__name__}: {error}") from None
+        if reason is not None:
+            raise CompiledModelRefused("wrong_output", f"the probe photos' head outputs differ from "
+                                       f"the fp32 eager network's: {reason}")
+        return outputs
+
+    engine, chosen, refusals = first_that_serves(candidates(runners, machine, kind), runners, machine,
+                                                 load_checked)
+    if engine is None or chosen is None:
+        return None, RunnerChoice(EAGER, machine.precision, None, kind, refusals)
+    return engine, RunnerChoice(str(chosen.name), chosen.name.precision, chosen.file, kind, refusals)

@@ -8,7 +8,7 @@ the first request.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from handlers.model.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
@@ -380,6 +380,15 @@ class DetectorSettings(HandlerSettings):
     letterbox_fill: int
     defaults: DetectionOptions
     max_detections_cap: int
+    # `compile:` of an SSD-family detector: its backbone and head on OpenVINO / ONNX Runtime, fp32
+    # (handlers.model.ssd_engine); what the builder wrote, as for a classifier.
+    compile: CompileSettings | None = None
+    engine_models: tuple[EngineModel, ...] = ()
+    runner_order: Mapping[str, tuple[RunnerName, ...]] | None = None
+
+    @property
+    def archive_runners(self) -> ArchiveRunners:
+        return ArchiveRunners((), self.engine_models, self.runner_order)
 
 
 def _fraction_setting(value: Any, name: str) -> float:
@@ -414,9 +423,6 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
     """Parse and validate the `handler:` section of a detection archive's YAML."""
     if not handler_section:
         raise SettingsError("the archive's YAML has no 'handler:' section")
-    if handler_section.get("compile"):
-        raise SettingsError("'compile' applies to classification archives only: torchvision "
-                            "detectors take lists of differently sized images")
     detection = handler_section.get("detection", {})
     defaults, cap = parse_detection_defaults(detection)
     fill = detection.get("letterbox_fill", 114)
@@ -433,4 +439,28 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
         max_detections_cap=cap,
         precision=_choice(handler_section.get("precision", "fp32"), "precision", Precision),
         limits=parse_limits(handler_section.get("limits", {})),
+        compile=parse_detector_compile(handler_section.get("compile"), detection.get("output")),
+        engine_models=parse_engine_models(handler_section.get("engine_models")),
+        runner_order=parse_order(handler_section.get("runner_order"), "runner_order"),
     )
+
+
+DETECTOR_ENGINES = ("openvino", "onnxruntime")
+
+
+def parse_detector_compile(value: Any, output: Any) -> CompileSettings | None:
+    """A detector's `compile:`: as a classifier's, less what a detector cannot have (an
+    AOTInductor package: torchvision detectors take lists of differently sized images; int8:
+    its gate is a classifier's top-1 agreement); torchvision-format detectors only."""
+    settings = parse_compile(value)
+    if settings is None:
+        return None
+    if output not in (None, "torchvision"):
+        raise SettingsError("'compile' applies to torchvision detectors (detection.output: torchvision)")
+    if value is True or "engines" not in value:
+        settings = replace(settings, engines=DETECTOR_ENGINES)
+    if set(settings.engines) - set(DETECTOR_ENGINES) or settings.int8 is not None:
+        raise SettingsError(f"a detector's 'compile' builds its backbone and head for "
+                            f"{list(DETECTOR_ENGINES)} in fp32: 'compile.engines' {list(settings.engines)}"
+                            f"{' and compile.int8' if settings.int8 is not None else ''} cannot apply")
+    return settings

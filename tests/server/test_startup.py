@@ -15,7 +15,7 @@ import requests
 import yaml
 
 from tests.images import CAT_LABELS, photo_bytes
-from tests.runners import classifier_sections, first_runner_here
+from tests.runners import first_runner_here, network_sections
 from tests.server.http_client import post_image
 from tests.server.logs import wait_for_log
 from torchserve_vision import paths
@@ -58,7 +58,7 @@ def test_workers_log_their_start_up_time_and_the_classifier_runs_the_first_runne
     ready = ready_lines(lines)
     for name, workers in expected_workers.items():
         assert sum(match[1] == name for match in ready) >= workers, name
-    lite0 = classifier_sections(model_store / "efficientnet_lite0-1.0.mar")["classifier"]
+    lite0 = network_sections(model_store / "efficientnet_lite0-1.0.mar")["classifier"]
     expected = first_runner_here(lite0)
     assert {match[3] for match in ready if match[1] == "efficientnet_lite0"} == {expected}
     assert all(int(match[4]) > 0 for match in ready)
@@ -141,13 +141,10 @@ def test_every_archive_serves_the_first_runner_of_its_order_on_this_cpu(server, 
             with zipfile.ZipFile(mar) as archive:
                 files = archive.namelist()
             runners = handler["runners"]
-            if description.task == "detection":
-                assert runners == {} and not any(name.startswith("compiled/") for name in files)
-                continue
-            sections = classifier_sections(mar)
+            sections = network_sections(mar)
             assert runners and set(runners) == set(sections), description.name
             for role, runner in runners.items():
-                expected = first_runner_here(sections[role])
+                expected = first_runner_here(sections[role], role)
                 assert runner["runner"] == expected, (description.name, role, runner, cpu_model_name())
                 assert "refused" not in runner and any(name.endswith(runner["file"]) for name in files)
     finally:

@@ -22,7 +22,8 @@ BF16 = PROBABILITY_BOUNDS["bf16"]
 def test_bounds_follow_the_precisions_significant_bits():
     assert (PROBABILITY_BOUNDS["fp32"] < PROBABILITY_BOUNDS["fp16"] < PROBABILITY_BOUNDS["bf16"]
             < PROBABILITY_BOUNDS["int8"])
-    assert probability_bound("fp32", "bf16") == BF16 and probability_bound("fp32") == 1e-4
+    assert probability_bound("fp32", "bf16") == BF16
+    assert probability_bound("fp32") == PROBABILITY_BOUNDS["fp32"]
 
 
 def test_an_answer_agrees_with_itself_and_within_the_bound():

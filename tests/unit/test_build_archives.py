@@ -274,12 +274,18 @@ def test_an_archive_for_gpu_workers_holds_no_cpu_packages_and_still_answers(tmp_
 
 
 def test_compile_is_refused_where_it_cannot_apply(tmp_path):
-    detector = parse_description({"name": "d", "task": "detection", "labels": "coco",
+    two_stage = parse_description({"name": "d", "task": "detection", "labels": "coco",
+                                   "model": {"source": "torchvision", "weights": "fixed-seed:0",
+                                             "architecture": "fasterrcnn_mobilenet_v3_large_320_fpn"},
+                                   "handler": {"compile": True}})
+    with pytest.raises(BuildError, match="not a torchvision SSD-family detector"):
+        build_archive(two_stage, tmp_path)
+    packaged = parse_description({"name": "d", "task": "detection", "labels": "coco",
                                   "model": {"source": "torchvision", "weights": "fixed-seed:0",
                                             "architecture": "ssdlite320_mobilenet_v3_large"},
-                                  "handler": {"compile": True}})
-    with pytest.raises(BuildError, match="classification archives only"):
-        build_archive(detector, tmp_path)
+                                  "handler": {"compile": {"engines": ["aoti"]}}})
+    with pytest.raises(BuildError, match="cannot apply"):
+        build_archive(packaged, tmp_path)
     old_style = parse_description({"name": "c", "labels": "imagenet",
                                    "model": {"source": "timm", "weights": "package:efficientnet_lite0",
                                              "architecture": "efficientnet_lite0"},

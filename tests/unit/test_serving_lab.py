@@ -232,8 +232,12 @@ def test_the_cascade_lab_makes_its_inputs_from_a_folder_it_is_given(tmp_path):
 def test_detector_parts_times_every_part_of_the_served_detector_and_refuses_a_classifier(model_store):
     figures = detector_parts.measure(model_store / "ssdlite320-1.0.mar", 1, [1], repeats=1, rounds=1)
     assert set(detector_parts.PARTS) <= set(figures[1])
-    assert "openvino f32 backbone+head" in figures[1] and all(ms > 0 for ms in figures[1].values())
+    # the archive's backbone + head on both engines, and the whole as its worker serves it
+    assert {"openvino-fp32 backbone+head", "onnxruntime-fp32 backbone+head"} <= set(figures[1])
+    assert all(ms > 0 for ms in figures[1].values())
     assert {"postprocess, requests at 0.3", "whole, requests at 0.3"} <= set(figures[1])
+    served = [part for part in figures[1] if part.startswith("whole as served (")]
+    assert len(served) == 1 and served[0].endswith("-fp32), requests at 0.3")
     assert detector_parts.table(figures).splitlines()[0].split() == ["part", "batch", "1", "ms"]
     with pytest.raises(ValueError, match=r"efficientnet_lite0-1\.0\.mar: not a detector archive"):
         detector_parts.measure(model_store / "efficientnet_lite0-1.0.mar", 1, [1], 1, 1)

@@ -8,6 +8,7 @@ from handlers.model.settings import (
     SettingsError,
     parse_classifier_settings,
     parse_compile,
+    parse_detector_settings,
     parse_log_batches,
     parse_solo_threads,
     parse_torch_threads,
@@ -40,6 +41,27 @@ def test_compile_builds_every_engine_unless_told_and_the_archive_records_models_
     assert runners.engine_file("onnxruntime", "fp32") == "compiled/model.onnx"
     assert runners.engine_file("openvino", "fp32") is None
     assert [str(name) for name in runners.order_table()["avx2"]] == ["onnxruntime-fp32", "aoti-fp32"]
+
+
+DETECTOR = {"model": {"source": "torchvision", "architecture": "ssdlite320_mobilenet_v3_large"}}
+
+
+def test_a_detectors_compile_builds_its_backbone_and_head_for_openvino_and_onnx_runtime_only():
+    assert parse_detector_settings(DETECTOR).compile is None
+    assert parse_detector_settings({**DETECTOR, "compile": True}).compile == CompileSettings(
+        engines=("openvino", "onnxruntime"))
+    only = parse_detector_settings({**DETECTOR, "compile": {"engines": ["onnxruntime"], "load_timeout_s": 9}})
+    assert only.compile == CompileSettings(engines=("onnxruntime",), load_timeout_s=9.0)
+    for refused, message in [({"engines": ["aoti"]}, "cannot apply"), ({"int8": True}, "cannot apply")]:
+        with pytest.raises(SettingsError, match=message):
+            parse_detector_settings({**DETECTOR, "compile": refused})
+    with pytest.raises(SettingsError, match="torchvision detectors"):
+        parse_detector_settings({**DETECTOR, "compile": True, "detection": {"output": "yolo"}})
+    built = parse_detector_settings({**DETECTOR, "engine_models": [
+        {"engine": "openvino", "file": "compiled/model-openvino.xml"}],
+        "runner_order": {"avx2": ["openvino-fp32"]}})
+    assert built.archive_runners.engine_file("openvino", "fp32") == "compiled/model-openvino.xml"
+    assert built.archive_runners.packages == ()
 
 
 def test_int8_is_off_unless_asked_and_its_model_is_found_by_its_weights():

@@ -4,7 +4,8 @@ Each archive `<name>-<version>.mar` lands in the model store with the `handlers/
 class names and the handler's settings inside it, so it is self-contained. Weights are checked
 against the architecture before archiving; a classifier with `compile:` gets ahead-of-time
 compiled models (AOTInductor packages: compile_ahead.py; OpenVINO and ONNX: engine_exports.py;
-a gated int8 OpenVINO model: int8_quantization.py) and the order its workers try them in.
+a gated int8 OpenVINO model: int8_quantization.py) and the order its workers try them in; an
+SSD-family detector with `compile:` gets its backbone and head for OpenVINO and ONNX Runtime.
 Any problem stops the build with a BuildError.
 """
 
@@ -26,15 +27,22 @@ import yaml
 import handlers
 from handlers.model.compiled_model import COMPILED_DIRECTORY, CompiledPackage
 from handlers.model.model_loading import create_architecture, load_model, load_state_dict_model
-from handlers.model.runner_order import DEFAULT_RUNNER_ORDER, RunnerName, parse_runner_order
+from handlers.model.runner_order import (
+    DEFAULT_DETECTOR_RUNNER_ORDER,
+    DEFAULT_RUNNER_ORDER,
+    RunnerName,
+    parse_runner_order,
+)
 from handlers.model.runner_selection import EngineModel
 from handlers.model.settings import (
     ModelSource,
     SettingsError,
     parse_classifier_settings,
     parse_compile,
+    parse_detector_compile,
     parse_model_source,
 )
+from handlers.model.ssd_engine import NotAnSsdDetector, ssd_input_size_hw
 from torchserve_vision.archives import ARCHIVER, BuildTarget
 from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
 from torchserve_vision.archives.drift_reference import (
@@ -45,7 +53,7 @@ from torchserve_vision.archives.drift_reference import (
     record_profile,
     reference_bodies,
 )
-from torchserve_vision.archives.engine_exports import export_engine_models
+from torchserve_vision.archives.engine_exports import export_detector_engines, export_engine_models
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.int8_quantization import Int8Gate, Int8GateFailed, Int8Request, Preprocessing
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
@@ -170,6 +178,8 @@ def compile_request(description: ModelDescription, int8_images: Path | None = No
                     force_int8: bool = False) -> CompileRequest | None:
     """What `compile:` asks the builder to build (None: an eager archive); `int8_images` and
     `force_int8`: the build command's photos for `compile.int8` and its say over the gate."""
+    if description.kind.network == "detector":
+        return detector_compile_request(description)
     try:
         settings = parse_compile(description.handler_options.get("compile"))
     except SettingsError as error:
@@ -190,6 +200,29 @@ def compile_request(description: ModelDescription, int8_images: Path | None = No
             else Int8Request(settings.int8, preprocessing, int8_images, force_int8))
     return CompileRequest(parsed.precision, settings.cpu_target, description.serving.batch_size,
                           (3, size, size), parsed.channels_last, parsed.resize_size, settings.engines, int8)
+
+
+def detector_compile_request(description: ModelDescription) -> CompileRequest | None:
+    """A detector's `compile:`: its backbone and head, fp32, for the engines it names, at the
+    fixed input size of its architecture (an SSD-family torchvision detector: BuildError for
+    any other)."""
+    detection = description.handler_options.get("detection") or {}
+    try:
+        settings = parse_detector_compile(description.handler_options.get("compile"),
+                                          detection.get("output"))
+    except SettingsError as error:
+        raise BuildError(f"{description.name}: {error}") from None
+    if settings is None:
+        return None
+    if description.source != "torchvision":
+        raise BuildError(f"{description.name}: 'compile' applies to torchvision SSD-family detectors "
+                         f"(source: torchvision), not source {description.source!r}")
+    try:
+        height, width = ssd_input_size_hw(create_architecture(model_source(description, None)))
+    except NotAnSsdDetector as error:
+        raise BuildError(f"{description.name}: 'compile': {error}") from None
+    return CompileRequest("fp32", settings.cpu_target, description.serving.batch_size,
+                          (3, height, width), False, height, settings.engines)
 
 
 @dataclass(frozen=True)
@@ -216,9 +249,13 @@ def compiled_models(description: ModelDescription, request: CompileRequest | Non
     if request is None:
         return CompiledModels()
     model = load_model(model_source(description, num_classes), weights, torch.device("cpu"))
+    detector = description.kind.network == "detector"
     try:
-        packages = compile_packages(model, request, directory)
-        exports = export_engine_models(model, request, directory)
+        if detector:
+            packages, exports = [], export_detector_engines(model, request, directory)
+        else:
+            packages = compile_packages(model, request, directory)
+            exports = export_engine_models(model, request, directory)
     except (Int8GateFailed, PhotoSetError) as error:
         raise BuildError(f"{description.name}: {error}") from None
     except Exception as error:  # noqa: BLE001 - export, Inductor and the converters raise many kinds
@@ -228,7 +265,7 @@ def compiled_models(description: ModelDescription, request: CompileRequest | Non
         logger.info("%s: %s", description.name, exports.int8_gate.summary())
     settings = parse_compile(description.handler_options.get("compile"))
     table = (settings.runner_order if settings and settings.runner_order
-             else parse_runner_order(DEFAULT_RUNNER_ORDER))
+             else parse_runner_order(DEFAULT_DETECTOR_RUNNER_ORDER if detector else DEFAULT_RUNNER_ORDER))
     order = {kind: built_runners(names, request) for kind, names in table.items()}
     return CompiledModels(tuple(packages), exports.models, order, exports.int8_gate)
 

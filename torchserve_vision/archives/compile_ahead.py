@@ -102,13 +102,18 @@ def probe_photos(resize_size: int, input_size: int) -> torch.Tensor:
     return torch.stack([resize_and_center_crop(image, resize_size, input_size) for image in images])
 
 
+def write_probe_photos(request: CompileRequest, directory: Path) -> None:
+    """The probe photos at the model's input size, beside `directory` (made if missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(probe_photos(request.resize_size, request.input_shape_chw[1]),
+               directory.parent / PROBE_FILE)
+
+
 def compile_packages(model: nn.Module, request: CompileRequest, directory: Path) -> list[CompiledPackage]:
     """Every package `request` asks for, written into `directory`, with the probe photos a worker
     checks a compiled model's answers on before it serves it
     (handlers.model.compiled_model.check_answers); none when `aoti` is not among its engines."""
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.save(probe_photos(request.resize_size, request.input_shape_chw[1]),
-               directory.parent / PROBE_FILE)
+    write_probe_photos(request, directory)
     if "aoti" not in request.engines:
         return []
     model = model.eval()

@@ -6,12 +6,14 @@ where `compile.int8` asks for it an int8 OpenVINO model quantized from the IR an
 
 Measured on a 2-core AMD EPYC (Zen 4), EfficientNet-Lite0: the OpenVINO conversion takes about
 2 s, the ONNX export about 7 s; each adds one copy of the weights to the archive
-(docs/benchmarks.md, "Engines").
+(docs/benchmarks.md, "Engines"). An SSD-family detector's backbone and head are exported the
+same way (`export_detector_engines`).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +21,11 @@ import torch
 from torch import nn
 
 from handlers.model.runner_selection import EngineModel
-from torchserve_vision.archives.compile_ahead import CompileRequest
+from handlers.model.ssd_engine import SSD_OUTPUT_NAMES, SsdBackboneHead
+from torchserve_vision.archives.compile_ahead import CompileRequest, write_probe_photos
 from torchserve_vision.archives.int8_quantization import INT8_FILE, Int8Gate, build_int8_model
 
+CLASSIFIER_OUTPUT_NAMES = ("logits",)
 ONNX_FILE = "model.onnx"
 OPENVINO_FILE = "model-openvino.xml"   # and model-openvino.bin beside it
 
@@ -32,12 +36,12 @@ def example_input(input_shape_chw: tuple[int, int, int]) -> torch.Tensor:
 
 
 def export_onnx(model: nn.Module, input_shape_chw: tuple[int, int, int], max_batch_size: int,
-                path: Path) -> None:
-    """`model` (eval, CPU) as an ONNX model at `path`: input `image` float32 [B, 3, S, S],
-    output `logits` float32 [B, C]; B dynamic. The batch bound is what torch.export needs to
-    trace; ONNX Runtime runs any batch size."""
+                path: Path, output_names: Sequence[str] = CLASSIFIER_OUTPUT_NAMES) -> None:
+    """`model` (eval, CPU) as an ONNX model at `path`: input `image` float32 [B, 3, H, W],
+    outputs `output_names` (a classifier's `logits` float32 [B, C]); B dynamic. The batch bound
+    is what torch.export needs to trace; ONNX Runtime runs any batch size."""
     program = torch.onnx.export(model, (example_input(input_shape_chw),), dynamo=True,
-                                input_names=["image"], output_names=["logits"], verbose=False,
+                                input_names=["image"], output_names=list(output_names), verbose=False,
                                 dynamic_shapes=({0: torch.export.Dim("batch", min=1,
                                                                      max=max(max_batch_size, 2))},))
     if program is None:
@@ -67,7 +71,8 @@ class EngineExports:
     int8_gate: Int8Gate | None = None      # the int8 model's gate, where one was built
 
 
-def export_engine_models(model: nn.Module, request: CompileRequest, directory: Path) -> EngineExports:
+def export_engine_models(model: nn.Module, request: CompileRequest, directory: Path,
+                         output_names: Sequence[str] = CLASSIFIER_OUTPUT_NAMES) -> EngineExports:
     """The models `request.engines` asks for besides AOTInductor's (and the int8 OpenVINO model
     `request.int8` asks for), written into `directory` (relative names in the result are
     `directory.name/<file>`). int8_quantization.Int8GateFailed when the int8 model fails its gate."""
@@ -80,6 +85,15 @@ def export_engine_models(model: nn.Module, request: CompileRequest, directory: P
             gate = build_int8_model(model, directory / OPENVINO_FILE, request.int8)
             built.append(EngineModel("openvino", f"{directory.name}/{INT8_FILE}", "int8"))
     if "onnxruntime" in request.engines:
-        export_onnx(model, request.input_shape_chw, request.max_batch_size, directory / ONNX_FILE)
+        export_onnx(model, request.input_shape_chw, request.max_batch_size, directory / ONNX_FILE,
+                    output_names)
         built.append(EngineModel("onnxruntime", f"{directory.name}/{ONNX_FILE}"))
     return EngineExports(tuple(built), gate)
+
+
+def export_detector_engines(network: nn.Module, request: CompileRequest, directory: Path) -> EngineExports:
+    """An SSD-family detector's backbone and head (handlers.model.ssd_engine.SsdBackboneHead:
+    outputs box regression and class logits) for `request.engines`, written into `directory`
+    with the probe photos its workers check them on."""
+    write_probe_photos(request, directory)
+    return export_engine_models(SsdBackboneHead(network), request, directory, SSD_OUTPUT_NAMES)

@@ -2,8 +2,10 @@
 backbone, head and postprocess (box decoding, score filter, per-class NMS) at the archive's
 served settings, the postprocess and the whole model again as a batch of requests at the
 default score threshold runs them (candidates under every request's threshold dropped first:
-handlers.model.detector_formats.candidates_from), and the backbone + head converted to OpenVINO
-(f32, bf16 where native), to say what an engine would save before building one.
+handlers.model.detector_formats.candidates_from), the whole model as the worker serves it (its
+backbone and head on the runner it chose: handlers.model.ssd_engine), and the backbone + head on
+each engine the archive has a model for (OpenVINO f32, bf16 where native; ONNX Runtime), or
+converted to OpenVINO here for an archive without any.
 
     torchserve-vision lab detector-parts                  # model_store/ssdlite320-1.0.mar
     torchserve-vision lab detector-parts --threads 2 --batch-sizes 1 4
@@ -25,25 +27,20 @@ import torch
 from torch import nn
 
 from handlers.model.detector_formats import candidates_from
-from handlers.model.engine_runners import openvino_core
+from handlers.model.engine_runners import (
+    OPENVINO_PRECISION_HINTS,
+    OnnxRuntimeRunner,
+    OpenVinoRunner,
+    openvino_core,
+)
+from handlers.model.runner_selection import EngineModel
 from handlers.model.settings import SettingsError
+from handlers.model.ssd_engine import NotAnSsdDetector, SsdBackboneHead, ssd_input_size_hw
 from handlers.object_detector import ObjectDetectorHandler
 from torchserve_vision.lab.local_handler import archive_context, extract_archive
 from torchserve_vision.photos import PROBE_PHOTOS, photo_path
 
 PARTS = ("transform", "backbone", "head", "postprocess", "whole")
-
-
-class BackboneAndHead(nn.Module):
-    """An SSD's backbone and head: `float[B, 3, S, S]` -> (box regression, class logits)."""
-
-    def __init__(self, detector: Any) -> None:
-        super().__init__()
-        self.backbone, self.head = detector.backbone, detector.head
-
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        output = self.head(list(self.backbone(images).values()))
-        return output["bbox_regression"], output["cls_logits"]
 
 
 def best_ms(call: Callable[[], Any], repeats: int, rounds: int) -> float:
@@ -65,7 +62,10 @@ def photos(count: int) -> list[torch.Tensor]:
     return [images[index % len(images)] for index in range(count)]
 
 
-def openvino_forward(module: nn.Module, example: torch.Tensor, precision: str, threads: int) -> Any:
+Forward = Callable[[torch.Tensor], Any]
+
+
+def openvino_forward(module: nn.Module, example: torch.Tensor, precision: str, threads: int) -> Forward:
     import openvino
 
     with torch.no_grad(), warnings.catch_warnings():
@@ -75,11 +75,34 @@ def openvino_forward(module: nn.Module, example: torch.Tensor, precision: str, t
     compiled = openvino_core().compile_model(converted, "CPU", {
         "INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
         "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})
-    return compiled.create_infer_request()
+    request = compiled.create_infer_request()
+    return lambda batch: request.infer({0: batch.numpy()})
 
 
-def measure_batch(detector: Any, batch_size: int, threads: int, bf16: bool, repeats: int,
-                  rounds: int, default_threshold: float) -> dict[str, float]:
+def engine_forwards(detector: Any, model_dir: Path, engine_models: Sequence[EngineModel],
+                    example: torch.Tensor, threads: int, bf16: bool) -> dict[str, Forward]:
+    """Runner name -> the backbone + head on it: the archive's engine models, or, where it has
+    none, the backbone + head converted to OpenVINO here."""
+    precisions = ("fp32", "bf16") if bf16 else ("fp32",)
+    if not engine_models:
+        module = SsdBackboneHead(detector).eval()
+        return {f"openvino-{precision}": openvino_forward(
+            module, example, OPENVINO_PRECISION_HINTS[precision], threads) for precision in precisions}
+    forwards: dict[str, Forward] = {}
+    for model in engine_models:
+        path = model_dir / model.file
+        if model.engine == "onnxruntime":
+            forwards["onnxruntime-fp32"] = OnnxRuntimeRunner(path, threads).outputs
+        else:
+            for precision in precisions:
+                forwards[f"openvino-{precision}"] = OpenVinoRunner(path, precision, threads, None).outputs
+    return forwards
+
+
+def measure_batch(handler: ObjectDetectorHandler, batch_size: int, threads: int, bf16: bool,
+                  repeats: int, rounds: int) -> dict[str, float]:
+    detector: Any = handler.network
+    threshold = handler.settings.defaults.score_threshold
     batch = photos(batch_size)
     with torch.inference_mode():
         images, _ = detector.transform(batch)
@@ -94,17 +117,18 @@ def measure_batch(detector: Any, batch_size: int, threads: int, bf16: bool, repe
                 head, anchors, images.image_sizes), repeats, rounds),
             "whole": best_ms(lambda: detector(batch), repeats, rounds),
         }
-        with candidates_from(detector, default_threshold):
-            figures[f"postprocess, requests at {default_threshold}"] = best_ms(
+        with candidates_from(detector, threshold):
+            figures[f"postprocess, requests at {threshold}"] = best_ms(
                 lambda: detector.postprocess_detections(head, anchors, images.image_sizes),
                 repeats, rounds)
-            figures[f"whole, requests at {default_threshold}"] = best_ms(
-                lambda: detector(batch), repeats, rounds)
-    network_input = images.tensors.numpy().copy()
-    for precision in ("f32", "bf16") if bf16 else ("f32",):
-        request = openvino_forward(BackboneAndHead(detector).eval(), images.tensors, precision, threads)
-        figures[f"openvino {precision} backbone+head"] = best_ms(
-            functools.partial(request.infer, {0: network_input}), repeats, rounds)
+            figures[f"whole, requests at {threshold}"] = best_ms(lambda: detector(batch), repeats, rounds)
+            figures[f"whole as served ({handler.runner}), requests at {threshold}"] = best_ms(
+                lambda: handler.detector.run(batch), repeats, rounds)
+        forwards = engine_forwards(detector, handler.model_dir, handler.settings.engine_models,
+                                   images.tensors, threads, bf16)
+        for runner, forward in forwards.items():
+            figures[f"{runner} backbone+head"] = best_ms(functools.partial(forward, images.tensors),
+                                                         repeats, rounds)
     return figures
 
 
@@ -121,20 +145,20 @@ def measure(archive: Path, threads: int, batch_sizes: Sequence[int], repeats: in
             handler.initialize(archive_context(extract_archive(archive, Path(tmp))))
         except SettingsError as error:
             raise ValueError(f"{archive.name}: not a detector archive ({error})") from None
-        detector = handler.network
-        if not all(hasattr(detector, part) for part in ("transform", "backbone", "head",
-                                                        "postprocess_detections")):
-            raise ValueError(f"{archive.name}: not a torchvision SSD-family detector")
-        default_threshold = handler.settings.defaults.score_threshold
-        return {batch_size: measure_batch(detector, batch_size, threads, cpu_has_native_bf16(),
-                                          repeats, rounds, default_threshold)
+        try:
+            ssd_input_size_hw(handler.network)
+        except NotAnSsdDetector as error:
+            raise ValueError(f"{archive.name}: {error}") from None
+        torch.set_num_threads(threads)    # a worker whose engine computes keeps torch at 1
+        return {batch_size: measure_batch(handler, batch_size, threads, cpu_has_native_bf16(),
+                                          repeats, rounds)
                 for batch_size in batch_sizes}
 
 
 def table(figures: dict[int, dict[str, float]]) -> str:
     sizes = list(figures)
     parts = list(next(iter(figures.values())))
-    lines = [f"{'part':<34} " + " ".join(f"{f'batch {b} ms':>12}" for b in sizes)]
+    lines = [f"{'part':<52} " + " ".join(f"{f'batch {b} ms':>12}" for b in sizes)]
     for part in parts:
-        lines.append(f"{part:<34} " + " ".join(f"{figures[b][part]:>12.2f}" for b in sizes))
+        lines.append(f"{part:<52} " + " ".join(f"{figures[b][part]:>12.2f}" for b in sizes))
     return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""A torchvision SSD-family detector (SSD300, SSDlite) with its backbone and head on another
+engine: the archive builder exports `SsdBackboneHead` to OpenVINO and ONNX, and a worker that
+loads one (handlers.model.runner_selection.choose_detector_runner) serves `SsdEngineDetector`,
+which keeps the rest in torch: the transform (resize to the fixed input, normalize), the anchors
+(the same for every image: computed once) and the postprocess (box decoding, the score
+threshold the batch's requests need, per-class NMS: handlers.model.detector_formats).
+
+Other torchvision detectors (the R-CNNs, RetinaNet, FCOS) take images of any size or run a
+region stage between backbone and head; they serve eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torchvision.models.detection.image_list import ImageList
+
+from handlers.model.answer_agreement import probability_bound
+
+SSD_OUTPUT_NAMES = ("bbox_regression", "cls_logits")
+# `float[B, 3, S, S]` normalized batch -> (box regression `float[B, A, 4]`, class logits
+# `float[B, A, C]`), A anchors per image.
+HeadOutputs = tuple[torch.Tensor, torch.Tensor]
+BackboneHeadRunner = Callable[[torch.Tensor], Sequence[torch.Tensor]]
+
+
+class NotAnSsdDetector(ValueError):
+    """The network is not a torchvision SSD-family detector with a fixed input size."""
+
+
+def ssd_input_size_hw(network: Any) -> tuple[int, int]:
+    """The fixed size an SSD-family detector's transform resizes every image to;
+    NotAnSsdDetector for any other network."""
+    parts = ("transform", "backbone", "head", "anchor_generator", "postprocess_detections", "box_coder")
+    fixed = getattr(getattr(network, "transform", None), "fixed_size", None)
+    if not all(hasattr(network, part) for part in parts) or fixed is None:
+        raise NotAnSsdDetector(f"{type(network).__name__} is not a torchvision SSD-family detector "
+                               "with a fixed input size (SSD300, SSDlite)")
+    return int(fixed[0]), int(fixed[1])
+
+
+class SsdBackboneHead(nn.Module):
+    """An SSD's backbone and head: `float[B, 3, S, S]` (after its transform) -> HeadOutputs."""
+
+    def __init__(self, detector: Any) -> None:
+        super().__init__()
+        self.backbone, self.head = detector.backbone, detector.head
+
+    def forward(self, images: torch.Tensor) -> HeadOutputs:
+        features = self.backbone(images)
+        features = [features] if isinstance(features, torch.Tensor) else list(features.values())
+        output = self.head(features)
+        return output["bbox_regression"], output["cls_logits"]
+
+
+def image_anchors_xyxy(network: Any) -> torch.Tensor:
+    """`float[A, 4]`: the anchors of one image at the fixed input size, in its pixels (the
+    same for every image of a batch). Runs the eager backbone once, for its feature sizes."""
+    height, width = ssd_input_size_hw(network)
+    images = torch.zeros(1, 3, height, width, device=next(network.parameters()).device)
+    with torch.inference_mode():
+        features = SsdBackboneHead(network).backbone(images)
+        features = [features] if isinstance(features, torch.Tensor) else list(features.values())
+        return network.anchor_generator(ImageList(images, [(height, width)]), features)[0]
+
+
+def transformed_batch(network: Any, images: Sequence[torch.Tensor]) -> ImageList:
+    """float `[3, H_i, W_i]` images in [0, 1] -> the network's normalized `[B, 3, S, S]` batch."""
+    image_list, _ = network.transform(list(images))
+    return image_list
+
+
+class SsdEngineDetector:
+    """Called as the eager detector in eval mode is (float `[3, H_i, W_i]` images in [0, 1] ->
+    per image `{"boxes", "scores", "labels"}` in its own pixels), with the backbone and head on
+    `engine`. The postprocess reads the network's settings (its `score_thresh` too) at each call."""
+
+    def __init__(self, network: Any, engine: BackboneHeadRunner) -> None:
+        self.network = network
+        self.engine = engine
+        self.anchors_xyxy = image_anchors_xyxy(network)
+
+    def __call__(self, images: Sequence[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        original_sizes_hw = [(int(image.shape[-2]), int(image.shape[-1])) for image in images]
+        batch = transformed_batch(self.network, images)
+        regression, logits = self.engine(batch.tensors)
+        head = {"bbox_regression": regression.to(self.anchors_xyxy.device),
+                "cls_logits": logits.to(self.anchors_xyxy.device)}
+        found = self.network.postprocess_detections(head, [self.anchors_xyxy] * len(images),
+                                                    batch.image_sizes)
+        result: list[dict[str, torch.Tensor]] = self.network.transform.postprocess(
+            found, batch.image_sizes, original_sizes_hw)
+        return result
+
+
+def head_output_disagreement(got: Sequence[torch.Tensor], expected: HeadOutputs,
+                             anchors_xyxy: torch.Tensor, box_coder: Any, bound: float) -> str | None:
+    """Why an engine's head outputs for a batch are not the eager fp32 network's `expected` ones
+    computed with rounding of at most `bound` (answer_agreement.probability_bound), or None.
+
+    Every anchor's class scores (softmax of its logits: the scores a detection is given) move
+    by at most `bound`, and its decoded box's sides by at most `bound` of the anchor's own
+    width or height. Compared per anchor, before the score threshold and NMS, where a tiny
+    rounding difference can change which of two near-equal boxes is kept."""
+    if len(got) != 2 or any(g.shape != e.shape for g, e in zip(got, expected, strict=False)):
+        return f"output shapes {[tuple(g.shape) for g in got]}, eager {[tuple(e.shape) for e in expected]}"
+    (regression, logits), (expected_regression, expected_logits) = got, expected
+    score_shift = (logits.float().softmax(-1) - expected_logits.float().softmax(-1)).abs().amax()
+    if not score_shift <= bound:
+        return f"a class score moved by {float(score_shift):.3g} (+-{bound:g})"
+    anchor_wh = (anchors_xyxy[:, 2:] - anchors_xyxy[:, :2]).repeat(1, 2)
+    for image, (ours, theirs) in enumerate(zip(regression.float(), expected_regression.float(),
+                                               strict=True)):
+        shift = (box_coder.decode_single(ours, anchors_xyxy)
+                 - box_coder.decode_single(theirs, anchors_xyxy)).abs() / anchor_wh
+        if not shift.amax() <= bound:
+            return (f"image {image}: a box side moved by {float(shift.amax()):.3g} of its anchor's "
+                    f"size (+-{bound:g})")
+    return None
+
+
+def check_head_outputs(engine: BackboneHeadRunner, network: Any, probe: torch.Tensor,
+                       *precisions: str) -> str | None:
+    """Why `engine`'s answers to the `uint8[N, 3, S, S]` probe photos are not the eager fp32
+    network's (head_output_disagreement, at the loosest bound of `precisions`), or None. An
+    engine that fails to run them raises."""
+    with torch.inference_mode():
+        batch = transformed_batch(network, [photo.float() / 255 for photo in probe]).tensors
+        expected = SsdBackboneHead(network)(batch)
+        got = engine(batch)
+    return head_output_disagreement(got, expected, image_anchors_xyxy(network), network.box_coder,
+                                    probability_bound(*precisions))

@@ -8,8 +8,6 @@ one at a time; `--promote` makes the candidate the default and keeps the old ver
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import tritonclient.http as triton
 
 from tests.images import photo_bytes
 from tests.server.candidate_archives import reversed_labels_copy
+from tests.server.commands import started_command
 from tests.server.load import ContinuousLoad
 from tests.server.test_triton_client import image_input
 from torchserve_vision import paths
@@ -212,10 +211,8 @@ def test_ctrl_c_during_a_walk_restores_the_split_from_before_it(fronted, model_s
     traffic_dir = traffic_dir_of(TorchServeClient(fronted.instance.management_url,
                                                   fronted.instance.inference_url), MODEL, "1.0")
     assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar", "--percent", "10") == 0
-    walk = subprocess.Popen([sys.executable, "-m", "torchserve_vision",
-                             *models_arguments(fronted, model_store, "canary", MODEL, "--steps",
-                                               "50,100", "--auto", "--hold", "120")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    walk = started_command(models_arguments(fronted, model_store, "canary", MODEL, "--steps",
+                                            "50,100", "--auto", "--hold", "120"))
     try:
         wait_until(lambda: canary_of(traffic_dir, MODEL) == CanarySplit(CANDIDATE, 50), 60,
                    "the walk's first step")

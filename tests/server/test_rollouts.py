@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from tests.images import CAT_LABELS, photo_bytes
+from tests.server.commands import started_command
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
 from torchserve_vision.archives.build import build_archive, run_archiver, stage_files
@@ -543,13 +544,13 @@ def test_a_version_whose_workers_die_while_loading_is_undone_without_waiting_out
 def test_an_interrupted_rollout_is_undone_and_exits_non_zero(client, archives, rollout_server,
                                                              model_store, tmp_path):
     history = tmp_path / "history.json"
-    arguments = [sys.executable, "-m", "torchserve_vision", "models", "rollout", MODEL, archives["slow"],
-               "--management-url", rollout_server.management_url,
-               "--inference-url", rollout_server.inference_url,
-               "--model-store", str(model_store), "--history", str(history)]
+    arguments = ["models", "rollout", MODEL, archives["slow"],
+                 "--management-url", rollout_server.management_url,
+                 "--inference-url", rollout_server.inference_url,
+                 "--model-store", str(model_store), "--history", str(history)]
     with load_on_server(client) as load:
         load.wait_for(10)
-        process = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = started_command(arguments)
         wait_until(lambda: len(versions_of(client, MODEL)) == 2, 30, "the new version's registration",
                    interval_s=0.2)
         process.send_signal(signal.SIGINT)   # what Ctrl-C does, while it waits for the workers

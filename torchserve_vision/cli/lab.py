@@ -434,7 +434,7 @@ def run_engines(args: argparse.Namespace) -> int:
 # --- detector parts ---------------------------------------------------------------------------
 def add_detector_parts(actions: argparse._SubParsersAction) -> None:
     parser = subcommand(actions, "detector-parts",
-                        "where a detector's time goes, and what an engine would save",
+                        "where a detector's time goes, and what its engines save",
                         detector_parts.__doc__ or "", [json_flag()])
     parser.add_argument("--archive", type=Path, default=paths.MODEL_STORE / "ssdlite320-1.0.mar")
     parser.add_argument("--threads", type=int, default=1)

@@ -34,10 +34,10 @@ from handlers.model.engine_runners import (
     openvino_core,
 )
 from handlers.model.runner_selection import EngineModel
-from handlers.model.settings import SettingsError
 from handlers.model.ssd_engine import NotAnSsdDetector, SsdBackboneHead, ssd_input_size_hw
 from handlers.object_detector import ObjectDetectorHandler
 from torchserve_vision.lab.local_handler import archive_context, extract_archive
+from torchserve_vision.model_kinds import kind_of_entry_module
 from torchserve_vision.photos import PROBE_PHOTOS, photo_path
 
 PARTS = ("transform", "backbone", "head", "postprocess", "whole")
@@ -140,11 +140,12 @@ def measure(archive: Path, threads: int, batch_sizes: Sequence[int], repeats: in
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
+        context = archive_context(extract_archive(archive, Path(tmp)))
+        handler_file = context.manifest["model"]["handler"]
+        if kind_of_entry_module(handler_file).network != "detector":
+            raise ValueError(f"{archive.name}: not a detector archive (its handler is {handler_file})")
         handler = ObjectDetectorHandler()
-        try:
-            handler.initialize(archive_context(extract_archive(archive, Path(tmp))))
-        except SettingsError as error:
-            raise ValueError(f"{archive.name}: not a detector archive ({error})") from None
+        handler.initialize(context)
         try:
             ssd_input_size_hw(handler.network)
         except NotAnSsdDetector as error:

@@ -133,4 +133,7 @@ class Pod:
             with contextlib.suppress(ProcessLookupError):   # already gone, with its session
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
-        stop(self.instance)
+        if not self.pid_namespace:
+            # A namespace's processes die with its PID 1, and the pid file there names a pid of
+            # that namespace: read here it is another process (stop waited 60 s for it to exit).
+            stop(self.instance)

@@ -31,8 +31,9 @@ ANCHORS = torch.tensor([[0.0, 0.0, 100.0, 50.0], [10.0, 10.0, 30.0, 40.0]])   # 
 CODER = BoxCoder(weights=(10.0, 10.0, 5.0, 5.0))                              # an SSD's
 # fp32 engines against the eager network: scores moved by up to 1.6e-5, boxes by 1.8e-4 px
 # (OpenVINO on an AVX2 EPYC); these are the tolerances of the comparison (the load-time check
-# holds every anchor to answer_agreement's fp32 bound).
-SCORE_TOLERANCE, BOX_TOLERANCE_PX = 1e-4, 0.01
+# holds every anchor to answer_agreement's fp32 bound). Answers give boxes rounded to 0.01 px, so
+# a side 1.8e-4 px away may round to the next step: two steps.
+SCORE_TOLERANCE, BOX_TOLERANCE_PX = 1e-4, 0.02
 
 
 # --- the check (pure) ------------------------------------------------------------------------------

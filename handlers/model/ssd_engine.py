@@ -50,10 +50,14 @@ class SsdBackboneHead(nn.Module):
         self.backbone, self.head = detector.backbone, detector.head
 
     def forward(self, images: torch.Tensor) -> HeadOutputs:
-        features = self.backbone(images)
-        features = [features] if isinstance(features, torch.Tensor) else list(features.values())
-        output = self.head(features)
+        output = self.head(feature_maps(self.backbone, images))
         return output["bbox_regression"], output["cls_logits"]
+
+
+def feature_maps(backbone: Any, images: torch.Tensor) -> list[torch.Tensor]:
+    """The backbone's feature maps as the SSD head and anchor generator take them (a list)."""
+    features = backbone(images)
+    return [features] if isinstance(features, torch.Tensor) else list(features.values())
 
 
 def image_anchors_xyxy(network: Any) -> torch.Tensor:
@@ -62,8 +66,7 @@ def image_anchors_xyxy(network: Any) -> torch.Tensor:
     height, width = ssd_input_size_hw(network)
     images = torch.zeros(1, 3, height, width, device=next(network.parameters()).device)
     with torch.inference_mode():
-        features = SsdBackboneHead(network).backbone(images)
-        features = [features] if isinstance(features, torch.Tensor) else list(features.values())
+        features = feature_maps(network.backbone, images)
         return network.anchor_generator(ImageList(images, [(height, width)]), features)[0]
 
 

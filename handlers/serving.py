@@ -47,7 +47,7 @@ from handlers.model.settings import (
     parse_log_batches,
     parse_torch_threads,
 )
-from handlers.request.decode import decode_image_bytes
+from handlers.request.decode import DecodeResult, decode_images
 from handlers.request.inference_protocol import (
     IMAGE_INPUT_METADATA,
     OutputSpec,
@@ -154,6 +154,10 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             # threads need (OpenVINO bf16 at batch 1 on 2 threads: 6.5 ms against 3.2 ms).
             logger.info("torch threads 1: %s computes on its own threads", self.runner)
             torch.set_num_threads(1)
+        if self.device.type == "cuda" and self.jpeg_draft_size is not None:
+            logger.info("jpeg_draft: JPEGs with a short side of %d px or more are decoded on the "
+                        "CPU at reduced scale, as on a CPU worker; an archive built with "
+                        "--target gpu decodes them on the device", 2 * self.jpeg_draft_size)
         warm_up_started = time.perf_counter()
         self.warm_up(self.max_batch_size)
         ready = time.perf_counter()
@@ -243,8 +247,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         if self.cache is not None:
             self.cache.look_up(slots, record)
         with record.timing("decode"):
-            for slot in open_slots(slots):
-                self.decode_slot(slot)
+            self.decode_open(slots)
         if self.cache is not None:
             self.cache.look_up_near_duplicates(slots, self.near_duplicate_image, record)
         computed = open_slots(slots)
@@ -273,18 +276,20 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             except ClientError as error:
                 slot.refuse(error)
 
-    def decode_slot(self, slot: RequestSlot) -> None:
-        """Every image of an open, parsed request; a bad image refuses the request (naming the
-        image when it sent several)."""
-        parsed = slot.parsed
-        assert parsed is not None
-        for index, image_bytes in enumerate(parsed.images):
-            try:
-                slot.decoded.append(self.decode(image_bytes, parsed.options))
-            except ClientError as error:
-                slot.decoded.clear()
-                slot.refuse(error.of_image(index) if parsed.several else error)
-                return
+    def decode_open(self, slots: Sequence[RequestSlot]) -> None:
+        """Every image of the open, parsed requests, decoded as one batch (`decode_images`); a
+        bad image refuses its own request (naming the image when it sent several)."""
+        pending = [(slot, slot.parsed) for slot in open_slots(slots) if slot.parsed is not None]
+        results = iter(self.decode_images([image for _, parsed in pending for image in parsed.images]))
+        for slot, parsed in pending:
+            own = list(islice(results, len(parsed.images)))
+            images = [result for result in own if not isinstance(result, ClientError)]
+            if len(images) == len(own):
+                slot.decoded = [DecodedImage(image, parsed.options) for image in images]
+                continue
+            index, error = next((index, result) for index, result in enumerate(own)
+                                if isinstance(result, ClientError))
+            slot.refuse(error.of_image(index) if parsed.several else error)
 
     def answer_in_chunks(self, items: Sequence[DecodedImage[Options]],
                          record: BatchRecord) -> list[Any]:
@@ -416,11 +421,17 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                                          self.settings.limits.max_images_per_request)
         return ParsedRequest(tuple(images), self.parse_options(row, header), several)
 
+    def decode_images(self, encoded: Sequence[bytes]) -> list[DecodeResult]:
+        """The batch's encoded images decoded together onto the device, each a tensor or its own
+        ClientError (handlers.request.decode)."""
+        return decode_images(encoded, self.settings.limits, self.device, self.jpeg_draft_size)
+
     def decode(self, image_bytes: bytes, options: Options) -> DecodedImage[Options]:
-        """One encoded image of a request decoded onto the device (ClientError for a bad one)."""
-        image = decode_image_bytes(image_bytes, self.settings.limits, self.device,
-                                   self.jpeg_draft_size)
-        return DecodedImage(image, options)
+        """One encoded image decoded as `decode_images` does (ClientError for a bad one)."""
+        result = self.decode_images([image_bytes])[0]
+        if isinstance(result, ClientError):
+            raise result
+        return DecodedImage(result, options)
 
     def replayable(self, slot: RequestSlot) -> bool:
         """The request's options all come from its headers (the same headers over an empty body

@@ -14,6 +14,7 @@ import torch
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.serving import BatchedImageHandler
+from torchserve_vision.archives import BuildTarget
 from torchserve_vision.archives.build import stage_files
 from torchserve_vision.lab.local_handler import archive_context, extract_archive
 from torchserve_vision.model_descriptions import ModelDescription
@@ -43,15 +44,17 @@ def process_threads_kept() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def stage_model_dir(description: ModelDescription, target: Path) -> Path:
-    """The directory a worker would see for `description`, staged without zipping an archive
-    (for large test models; the archiver itself is exercised by the other tests)."""
-    weights = stage_files(description, target)
+def stage_model_dir(description: ModelDescription, target: Path, build_target: BuildTarget = "cpu") -> Path:
+    """The directory a worker would see for `description` (built for `build_target`'s workers),
+    staged without zipping an archive (for large test models; the archiver itself is exercised
+    by the other tests)."""
+    weights = stage_files(description, target, build_target)
     model_dir = target / "extra"
     shutil.move(weights, model_dir / weights.name)
     shutil.move(target / "model-config.yaml", model_dir / "model-config.yaml")
     manifest = {"model": {"modelName": description.name, "modelVersion": description.version,
-                          "serializedFile": weights.name, "configFile": "model-config.yaml"}}
+                          "serializedFile": weights.name, "configFile": "model-config.yaml",
+                          "handler": description.kind.entry_module}}
     (model_dir / "MAR-INF").mkdir()
     (model_dir / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
     return model_dir

@@ -22,10 +22,27 @@ from torchserve_vision.model_descriptions import load_descriptions, parse_descri
 HEAVY_FIXTURES = {"model_store", "classifier"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--gpu", action="store_true",
+                     help="run the tests marked gpu (a CUDA device is needed; without --gpu they "
+                          "are deselected, as on the CPU machines CI runs on)")
+    parser.addoption("--gpu-device", default="cuda:0",
+                     help="the device the gpu tests hold to the CPU's answers (default cuda:0; "
+                          "'cpu' rehearses them on a CPU machine)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of the real archives slow; deselect the gpu tests unless --gpu is given
+    (deselected, not skipped: a GPU run asked with --gpu fails where no GPU answers)."""
     for item in items:
         if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    if config.getoption("--gpu"):
+        return
+    deselected = [item for item in items if item.get_closest_marker("gpu")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
 
 
 def build_described(name: str, store: Path) -> Path:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import skimage
+import torch
 from PIL import Image
+
+from handlers.errors import ClientError
 
 PHOTOS_DIR = Path(skimage.__file__).parent / "data"
 CAT_LABELS = {"tabby", "tiger cat", "Egyptian cat"}
@@ -48,3 +51,25 @@ def png_declaring_size(width: int, height: int) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     rows = zlib.compress(b"\x00" * 1024)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+
+
+def jpeg_with_broken_huffman_table(jpeg: bytes) -> bytes:
+    """The JPEG with its first Huffman table's code counts overwritten (they then sum past 256):
+    its header still reads, and libjpeg refuses it ("Bogus Huffman table definition") when
+    decoding, as a batched decode call does for the whole call."""
+    table = jpeg.index(b"\xff\xc4")
+    broken = bytearray(jpeg)
+    broken[table + 5:table + 21] = b"\xff" * 16
+    return bytes(broken)
+
+
+def decoded(result: object) -> torch.Tensor:
+    """A decode outcome that must be an image (handlers.request.decode.DecodeResult)."""
+    assert isinstance(result, torch.Tensor), result
+    return result
+
+
+def refused(result: object) -> ClientError:
+    """A decode outcome that must be a refusal."""
+    assert isinstance(result, ClientError), result
+    return result

@@ -19,7 +19,7 @@ from typing import Any
 from handlers.batch_metrics import emit_drift_observations, emit_drift_reference
 from handlers.drift.drift_features import Observation, input_observations, mean_brightness
 from handlers.drift.drift_profile import DriftProfile
-from handlers.request.decode import read_header
+from handlers.request.image_header import read_header
 from handlers.request_slot import RequestSlot, computed_images
 
 AnswerObservations = Callable[[Any], list[Observation]]

@@ -19,7 +19,7 @@ from handlers.task.detection import DetectionOptions
 
 ModelSourceKind = Literal["timm", "torchvision", "torchscript", "export"]
 DetectionOutput = Literal["torchvision", "yolo"]
-Precision = Literal["fp32", "fp16", "bf16"]
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 CpuTargetName = Literal["avx2", "avx512"]
 DEFAULT_COMPILED_LOAD_TIMEOUT_S = 30.0
 # TorchServe's own default max_request_size; keep the two consistent.
@@ -27,6 +27,8 @@ DEFAULT_MAX_BODY_BYTES = 6_553_500
 DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_MAX_FRAMES = 100
 DEFAULT_MAX_IMAGES_PER_REQUEST = 16
+# 128 MP of RGB: 384 MB of decoded pixels per call (64 photos of 2 MP, or 3 of 40 MP).
+DEFAULT_MAX_DECODE_PIXELS_PER_CALL = 128_000_000
 
 
 class SettingsError(ValueError):
@@ -38,13 +40,16 @@ class ImageLimits:
     """Limits checked per request, all before any pixel is decoded. Only the first frame of an
     animated image is decoded; `max_frames` bounds how many frames it may declare.
     `max_images_per_request` bounds a request that carries several images (KServe v1
-    `instances`, a v2 input of shape [n]); more is a 413 for that request."""
+    `instances`, a v2 input of shape [n]); more is a 413 for that request.
+    `max_decode_pixels_per_call` bounds the pixels of the JPEGs a batch decodes in one call
+    (3 bytes each on the device; an image over it is decoded alone)."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_pixels: int = DEFAULT_MAX_PIXELS
     min_side_px: int = 1
     max_frames: int = DEFAULT_MAX_FRAMES
     max_images_per_request: int = DEFAULT_MAX_IMAGES_PER_REQUEST
+    max_decode_pixels_per_call: int = DEFAULT_MAX_DECODE_PIXELS_PER_CALL
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,10 @@ def parse_limits(section: Mapping[str, Any]) -> ImageLimits:
         max_images_per_request=_positive_int(
             section.get("max_images_per_request", defaults.max_images_per_request),
             "limits.max_images_per_request",
+        ),
+        max_decode_pixels_per_call=_positive_int(
+            section.get("max_decode_pixels_per_call", defaults.max_decode_pixels_per_call),
+            "limits.max_decode_pixels_per_call",
         ),
     )
 

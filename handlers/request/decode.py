@@ -1,128 +1,65 @@
-"""Decode one request's bytes into an 8-bit RGB image tensor, or raise a ClientError.
+"""Decode a batch's encoded images into 8-bit RGB tensors in display orientation, each image's
+fault its own ClientError.
 
 Accepted: JPEG (and MPO, the multi-picture JPEG phones write), PNG, WebP, BMP, GIF (first
 frame) and TIFF (first page). EXIF orientation is applied; grayscale, palette, RGBA, CMYK and
 16-bit images become 8-bit RGB.
 
-JPEG and still WebP are decoded by `torchvision.io` (libjpeg-turbo, libwebp; JPEG on the worker's
-GPU with nvJPEG when it has one); the rest by Pillow (PNG too: see `uses_torchvision`). Before
-anything is decoded, Pillow reads only the header so the pixel limit is enforced at no cost (a
-decompression bomb of a few kilobytes declaring a gigapixel is refused before any pixel is
-allocated).
+Every image's header is read first and its limits checked (handlers.request.image_header), so
+nothing over a limit is decoded. Then, by what the header says:
+
+- a JPEG whose short side is at least twice what the model needs, when the archive decodes
+  JPEGs at reduced scale (`jpeg_draft`): Pillow, at 1/2, 1/4 or 1/8 scale in the DCT domain, on
+  the CPU whatever the worker's device, so an archive gives the same pixels on every device;
+- the other JPEGs that nvJPEG takes (8-bit Huffman-coded baseline, extended or progressive,
+  grey or YCbCr, complete: `JpegCoding.device_decodable`): all of the batch together,
+  `torchvision.io.decode_jpeg` on a list on the worker's device (nvJPEG on a GPU, libjpeg-turbo
+  on the CPU), in calls bounded by `limits.max_decode_pixels_per_call`
+  (handlers.request.jpeg_batches), then oriented on the device (handlers.request.orientation).
+  A progressive JPEG takes nvJPEG's slower path, with its entropy decoding on the host, in the
+  same call. An image the batched decoder refuses, alone too, goes to the CPU path below, whose
+  answer or error is the CPU's for the same bytes;
+- everything else (CMYK, arithmetic-coded or 12-bit JPEGs, truncated ones, PNG, WebP, BMP, GIF,
+  TIFF): one image at a time on the CPU, JPEG and still WebP by `torchvision.io` (libjpeg-turbo,
+  libwebp), the rest by Pillow (PNG too: see `uses_torchvision`).
+
+Images decoded on the CPU for a CUDA worker are copied to it from pinned memory, asynchronously.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
-from PIL import (  # the plugins of every accepted format, so Image.open(formats=...) knows them
-    BmpImagePlugin,  # noqa: F401
-    GifImagePlugin,  # noqa: F401
-    Image,
-    ImageOps,
-    JpegImagePlugin,  # noqa: F401
-    PngImagePlugin,  # noqa: F401
-    TiffImagePlugin,  # noqa: F401
-    UnidentifiedImageError,
-    WebPImagePlugin,  # noqa: F401
-)
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+from PIL import Image, ImageOps
+from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import to_dtype
 
 from handlers.errors import ClientError
 from handlers.model.settings import ImageLimits
+from handlers.request.image_header import (
+    ACCEPTED_FORMATS,
+    ImageHeader,
+    checked_header,
+    read_header,
+)
+from handlers.request.jpeg_batches import decode_jpeg_run, pixel_bounded_chunks
+from handlers.request.orientation import oriented
 
-# Pillow opens MPO files through its JPEG plugin and reports format "MPO".
-ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
-ACCEPTED_NAMES = "JPEG, PNG, WebP, BMP, GIF or TIFF"
-EXIF_ORIENTATION_TAG = 0x0112
+__all__ = ["DecodeResult", "decode_image_bytes", "decode_images", "read_header"]
+
+CPU = torch.device("cpu")
 SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
-
-@dataclass(frozen=True)
-class ImageHeader:
-    """What Pillow reads from the header alone: format and stored size; for WebP also the EXIF
-    orientation and whether it is animated (the two facts that decide who decodes it)."""
-
-    image_format: str
-    width: int
-    height: int
-    orientation: int = 1
-    animated: bool = False
-
-
-def _describe_unreadable(data: bytes) -> ClientError:
-    """Say why bytes that no accepted decoder could read were refused."""
-    try:
-        other = Image.open(io.BytesIO(data))
-        if other.format not in (*ACCEPTED_FORMATS, "MPO"):
-            return ClientError(400, "UnsupportedFormat",
-                               f"{other.format} images are not accepted; send {ACCEPTED_NAMES}")
-    except Exception:  # noqa: BLE001 - any failure here only means "not an image we know"
-        pass
-    head = data[:512]
-    try:
-        looks_like_text = all(ch.isprintable() or ch.isspace() for ch in head.decode("utf-8"))
-    except UnicodeDecodeError:
-        looks_like_text = False
-    if looks_like_text:
-        return ClientError(400, "NotAnImage", f"the body is text, not an image; send {ACCEPTED_NAMES}")
-    return ClientError(400, "UndecodableImage", f"the body is not a readable {ACCEPTED_NAMES} image")
-
-
-def read_header(data: bytes) -> ImageHeader:
-    """Read format and size without decoding pixels; ClientError if unreadable.
-
-    Nothing here may load pixel data (Pillow's PNG `getexif`, for one, decodes the whole image),
-    so that the pixel limit is checked before any decoding work.
-    """
-    try:
-        image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
-        width, height = image.size
-        if image.format != "WEBP":
-            return ImageHeader("JPEG" if image.format == "MPO" else str(image.format), width, height)
-        orientation = int(image.getexif().get(EXIF_ORIENTATION_TAG, 1))
-        return ImageHeader("WEBP", width, height, orientation, bool(getattr(image, "is_animated", False)))
-    except Image.DecompressionBombError as error:
-        raise ClientError(413, "ImageTooLarge", str(error)) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, KeyError, TypeError):
-        raise _describe_unreadable(data) from None
-
-
-def check_pixel_limits(header: ImageHeader, limits: ImageLimits) -> None:
-    if header.width * header.height > limits.max_pixels:
-        raise ClientError(
-            413,
-            "ImageTooLarge",
-            f"the image is {header.width}x{header.height} = {header.width * header.height} pixels; "
-            f"the limit is {limits.max_pixels}",
-        )
-    if min(header.width, header.height) < limits.min_side_px:
-        raise ClientError(
-            400,
-            "ImageTooSmall",
-            f"the image is {header.width}x{header.height}; each side must be at least "
-            f"{limits.min_side_px} pixels",
-        )
-
-
-def check_body_size(data: bytes, limits: ImageLimits) -> None:
-    if not data:
-        raise ClientError(400, "EmptyBody", "the request body is empty")
-    if len(data) > limits.max_body_bytes:
-        raise ClientError(
-            413,
-            "BodyTooLarge",
-            f"the body is {len(data)} bytes; the limit is {limits.max_body_bytes}",
-        )
+# One image's outcome: `uint8[3, H, W]` RGB in display orientation, or why it was refused.
+DecodeResult = torch.Tensor | ClientError
 
 
 def uses_torchvision(header: ImageHeader) -> bool:
-    """torchvision.io decodes these formats correctly (orientation included) and faster.
+    """torchvision.io decodes these formats correctly and faster than Pillow.
 
     Not PNG: torchvision 0.29.1's decode_png crashes the process (SIGSEGV after
     "libpng error: IDAT: incorrect data check") on some corrupted files, found by the property
@@ -140,22 +77,17 @@ def _to_uint8_rgb(image: torch.Tensor) -> torch.Tensor:
     return image
 
 
-def decode_with_torchvision(data: bytes, header: ImageHeader, device: torch.device) -> torch.Tensor:
+def decode_with_torchvision(data: bytes, header: ImageHeader) -> torch.Tensor:
+    """One JPEG or still WebP on the CPU, in display orientation (a JPEG's from its header, as
+    the batched path applies it)."""
     encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    if header.image_format == "JPEG" and device.type == "cuda":
-        try:
-            return decode_jpeg(
-                encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True, device=device
-            )
-        except RuntimeError:
-            pass  # nvJPEG refuses some valid files (e.g. CMYK); libjpeg-turbo below does not
     try:
-        image = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+        image = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=False)
     except RuntimeError as error:
         raise ClientError(
             400, "UndecodableImage", f"the {header.image_format} image could not be decoded: {error}"
         ) from None
-    return _to_uint8_rgb(image)
+    return oriented(_to_uint8_rgb(image), header.orientation)
 
 
 def _pillow_to_rgb(image: Image.Image) -> Image.Image:
@@ -203,26 +135,87 @@ def decode_jpeg_reduced(data: bytes, header: ImageHeader, limits: ImageLimits,
     return decode_with_pillow(data, header, limits, draft_size)
 
 
-def decode_image_bytes(
-    data: bytes, limits: ImageLimits, device: torch.device | None = None,
-    min_short_side: int | None = None,
-) -> torch.Tensor:
-    """Decode encoded image bytes into `uint8[3, H, W]` RGB in display orientation.
-
-    The tensor is on `device` when it is a CUDA device and the image is a JPEG (decoded by nvJPEG),
-    on the CPU otherwise. With `min_short_side`, a CPU decode of a JPEG at least twice that size
-    may return a reduced image whose short side is still >= `min_short_side` (for a model that
-    resizes to that size anyway). Raises ClientError: 400 for empty, unreadable, unsupported or too-small
-    images, 413 for a body over `limits.max_body_bytes` or an image over `limits.max_pixels`
-    (checked from the header, before decoding).
-    """
-    check_body_size(data, limits)
-    header = read_header(data)
-    check_pixel_limits(header, limits)
-    on_cpu = device is None or device.type != "cuda"
-    if (on_cpu and min_short_side and header.image_format == "JPEG"
-            and min(header.width, header.height) >= 2 * min_short_side):
-        return decode_jpeg_reduced(data, header, limits, min_short_side)
+def decode_alone(data: bytes, header: ImageHeader, limits: ImageLimits) -> torch.Tensor:
+    """One image on the CPU: torchvision.io where it decodes the format, else Pillow."""
     if uses_torchvision(header):
-        return decode_with_torchvision(data, header, device or torch.device("cpu"))
+        return decode_with_torchvision(data, header)
     return decode_with_pillow(data, header, limits)
+
+
+def decodes_reduced(header: ImageHeader, min_short_side: int | None) -> bool:
+    return bool(min_short_side and header.image_format == "JPEG"
+                and min(header.width, header.height) >= 2 * min_short_side)
+
+
+def _on_device(image: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type != "cuda" or image.device == device:
+        return image
+    return image.pin_memory().to(device, non_blocking=True)
+
+
+def _decode_on_cpu(data: bytes, header: ImageHeader, limits: ImageLimits,
+                   min_short_side: int | None) -> DecodeResult:
+    try:
+        if decodes_reduced(header, min_short_side):
+            assert min_short_side is not None
+            return decode_jpeg_reduced(data, header, limits, min_short_side)
+        return decode_alone(data, header, limits)
+    except ClientError as error:
+        return error
+
+
+def decode_images(encoded: Sequence[bytes], limits: ImageLimits, device: torch.device | None = None,
+                  min_short_side: int | None = None) -> list[DecodeResult]:
+    """Each encoded image -> `uint8[3, H, W]` RGB in display orientation on `device` (the CPU
+    when None), or its ClientError: 400 for an empty, unreadable, unsupported or too-small
+    image, 413 for a body over `limits.max_body_bytes` or an image over `limits.max_pixels`
+    (from the header, before decoding). With `min_short_side`, a JPEG at least twice that size
+    may come back reduced, its short side still >= `min_short_side` (see the module docstring).
+    One result per input, in order; a fault of one image is never another's."""
+    device = device or CPU
+    results: list[DecodeResult | None] = [None] * len(encoded)
+    headers: dict[int, ImageHeader] = {}
+    for index, data in enumerate(encoded):
+        try:
+            header = checked_header(data, limits)
+        except ClientError as error:
+            results[index] = error
+            continue
+        jpeg = header.jpeg
+        if jpeg is not None and jpeg.device_decodable and not decodes_reduced(header, min_short_side):
+            headers[index] = header
+        else:
+            results[index] = _decode_on_cpu(data, header, limits, min_short_side)
+    _decode_batched(encoded, headers, limits, device, results)
+    return [result if isinstance(result, ClientError) else _on_device(result, device)
+            for result in _settled(results)]
+
+
+def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], limits: ImageLimits,
+                    device: torch.device, results: list[DecodeResult | None]) -> None:
+    """The batch's device-decodable JPEGs (`headers`, by index) into `results`, in calls bounded
+    by the limit's pixels; one the decoder refuses goes to the CPU path."""
+    indices = list(headers)
+    pixels = [headers[index].pixels for index in indices]
+    for run in pixel_bounded_chunks(pixels, limits.max_decode_pixels_per_call):
+        chosen = [indices[position] for position in run]
+        decoded = decode_jpeg_run([encoded[index] for index in chosen], device)
+        for index, image in zip(chosen, decoded, strict=True):
+            header = headers[index]
+            results[index] = (oriented(image, header.orientation) if image is not None
+                              else _decode_on_cpu(encoded[index], header, limits, None))
+
+
+def _settled(results: list[DecodeResult | None]) -> list[DecodeResult]:
+    if any(result is None for result in results):
+        raise AssertionError("an image of the batch was neither decoded nor refused")
+    return [result for result in results if result is not None]
+
+
+def decode_image_bytes(data: bytes, limits: ImageLimits, device: torch.device | None = None,
+                       min_short_side: int | None = None) -> torch.Tensor:
+    """One image through `decode_images`: its tensor, or its ClientError raised."""
+    result = decode_images([data], limits, device, min_short_side)[0]
+    if isinstance(result, ClientError):
+        raise result
+    return result

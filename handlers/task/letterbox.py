@@ -13,6 +13,8 @@ import torch
 from torchvision.ops import clip_boxes_to_image
 from torchvision.transforms.v2 import functional as F
 
+from handlers.task.uint8_resize import resize_uint8
+
 
 @dataclass(frozen=True)
 class Letterbox:
@@ -50,7 +52,7 @@ def letterbox_geometry(original_hw: tuple[int, int], input_size: int) -> Letterb
 def letterbox_image(image: torch.Tensor, input_size: int, fill: int) -> tuple[torch.Tensor, Letterbox]:
     """`uint8[3, H, W]` -> (`uint8[3, S, S]`, its Letterbox). The input is not modified."""
     geometry = letterbox_geometry((image.shape[-2], image.shape[-1]), input_size)
-    resized = F.resize(image, list(geometry.resized_hw), antialias=True)
+    resized = resize_uint8(image, geometry.resized_hw)
     canvas = torch.full((image.shape[0], input_size, input_size), fill, dtype=image.dtype,
                         device=image.device)
     top, left = geometry.pad_top, geometry.pad_left

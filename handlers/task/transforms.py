@@ -1,7 +1,8 @@
 """Geometry and normalization as tensor operations on the worker's device.
 
-Images of a batch differ in size, so resize and crop run per image (each a single tensor op on
-the device); the cropped images are then stacked and normalized as one batch.
+Images of a batch differ in size: those of one size are resized and cropped together (one
+tensor operation per size, with the same uint8 arithmetic on every device:
+handlers.task.uint8_resize); the crops are then normalized as one batch.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 from torchvision.transforms.v2 import functional as F
+
+from handlers.task.uint8_resize import resize_uint8
 
 
 def resized_size_hw(size_hw: tuple[int, int], short_side: int) -> tuple[int, int]:
@@ -23,11 +26,25 @@ def resized_size_hw(size_hw: tuple[int, int], short_side: int) -> tuple[int, int
     return int(short_side * height / width), short_side
 
 
-def resize_and_center_crop(image: torch.Tensor, resize_size: int, crop_size: int) -> torch.Tensor:
-    """`uint8[3, H, W]` -> `uint8[3, crop_size, crop_size]`: short side to `resize_size`
+def resize_and_center_crop(images: torch.Tensor, resize_size: int, crop_size: int) -> torch.Tensor:
+    """`uint8[..., 3, H, W]` -> `uint8[..., 3, crop_size, crop_size]`: short side to `resize_size`
     (bilinear, antialiased), then the central `crop_size` square. The input is not modified."""
-    resized = F.resize(image, [resize_size], antialias=True)
+    resized = resize_uint8(images, resized_size_hw((images.shape[-2], images.shape[-1]), resize_size))
     return F.center_crop(resized, [crop_size, crop_size])
+
+
+def resized_crops(images: Sequence[torch.Tensor], resize_size: int, crop_size: int,
+                  device: torch.device) -> torch.Tensor:
+    """Decoded `uint8[3, H_i, W_i]` images -> `uint8[B, 3, crop, crop]` on `device`, in order:
+    `resize_and_center_crop` once per distinct size."""
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for index, image in enumerate(images):
+        by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
+    crops = torch.empty((len(images), 3, crop_size, crop_size), dtype=torch.uint8, device=device)
+    for indices in by_size.values():
+        same_size = torch.stack([images[index].to(device, non_blocking=True) for index in indices])
+        crops[indices] = resize_and_center_crop(same_size, resize_size, crop_size)
+    return crops
 
 
 def normalize_batch(
@@ -51,8 +68,4 @@ def preprocess_classification_batch(
     `device`. Raises ValueError for an empty sequence (a batch has at least one image)."""
     if not images:
         raise ValueError("preprocess_classification_batch needs at least one image")
-    crops = [
-        resize_and_center_crop(image.to(device, non_blocking=True), resize_size, crop_size)
-        for image in images
-    ]
-    return normalize_batch(torch.stack(crops), mean, std, dtype)
+    return normalize_batch(resized_crops(images, resize_size, crop_size, device), mean, std, dtype)

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from handlers.model.answer_agreement import (
+    DEVICE_BOUND,
     PROBABILITY_BOUNDS,
     answer_disagreement,
+    cross_device_bound,
     probability_bound,
     ranking_disagreement,
     top_classes,
@@ -24,6 +26,13 @@ def test_bounds_follow_the_precisions_significant_bits():
             < PROBABILITY_BOUNDS["int8"])
     assert probability_bound("fp32", "bf16") == BF16
     assert probability_bound("fp32") == PROBABILITY_BOUNDS["fp32"]
+
+
+def test_a_gpu_answer_may_move_by_the_device_bound_plus_its_precisions_rounding():
+    assert cross_device_bound("fp32") == DEVICE_BOUND == 0.02
+    assert cross_device_bound("tf32") == cross_device_bound("fp16") == DEVICE_BOUND + 0.02
+    assert cross_device_bound("bf16") == DEVICE_BOUND + BF16
+    assert PROBABILITY_BOUNDS["tf32"] == PROBABILITY_BOUNDS["fp16"]
 
 
 def test_an_answer_agrees_with_itself_and_within_the_bound():

@@ -10,7 +10,8 @@ from PIL import Image, ImageFile, ImageOps
 from handlers.errors import ClientError
 from handlers.model.settings import ImageLimits
 from handlers.request import decode
-from handlers.request.decode import decode_image_bytes, read_header
+from handlers.request.decode import decode_image_bytes
+from handlers.request.image_header import read_header
 from tests.images import encode, exif_with_orientation, photo_bytes, png_declaring_size, textured_rgb
 
 LIMITS = ImageLimits()

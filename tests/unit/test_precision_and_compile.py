@@ -36,6 +36,8 @@ DEFAULT_CLASSIFIER = default_classifier()
     ("fp16", CUDA, False, "fp16"),
     ("bf16", CUDA, False, "bf16"),
     ("fp32", CUDA, False, "fp32"),
+    ("tf32", CUDA, False, "tf32"),
+    ("tf32", CPU, True, "fp32"),    # a CPU has no TF32
 ])
 def test_effective_precision(asked, device, native_bf16, runs):
     assert effective_precision(asked, device, native_bf16) == runs
@@ -49,6 +51,38 @@ def test_bf16_autocast_on_the_cpu_computes_in_bf16_and_fp32_does_not():
             assert layer(inputs).dtype == torch.bfloat16
         with autocast(CPU, "fp32"):
             assert layer(inputs).dtype == torch.float32
+
+
+@pytest.fixture
+def tf32_settings_kept() -> Any:
+    # Process-wide settings of PyTorch's CUDA libraries (readable without a GPU); put back after.
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.parametrize(("precision", "tf32"), [("fp32", False), ("tf32", True), ("fp16", False)])
+def test_on_cuda_float32_work_uses_tf32_only_under_the_tf32_precision(precision, tf32,
+                                                                      tf32_settings_kept):
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not tf32
+    with autocast(CUDA, precision) if precision != "fp16" else _tf32_part(precision):
+        assert torch.backends.cudnn.allow_tf32 is tf32
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32
+    assert torch.backends.cudnn.allow_tf32 is (not tf32)   # put back after the forward pass
+    assert torch.backends.cuda.matmul.allow_tf32 is (not tf32)
+
+
+def _tf32_part(precision: str) -> Any:
+    """fp16's autocast needs a GPU; its float32 part (what autocast leaves in float32) is IEEE."""
+    from handlers.model.model_loading import _tensor_float_32
+
+    return _tensor_float_32(precision == "tf32")
+
+
+def test_autocast_leaves_the_cpus_float32_settings_alone(tf32_settings_kept):
+    torch.backends.cudnn.allow_tf32 = True
+    with autocast(CPU, "fp32"):
+        assert torch.backends.cudnn.allow_tf32 is True
 
 
 def classifier_variant(tmp_path: Path, batch_size: int, **handler_options: Any) -> ImageClassifierHandler:

@@ -272,9 +272,15 @@ def compiled_models(description: ModelDescription, request: CompileRequest | Non
 
 # --- the archive --------------------------------------------------------------------------------
 def handler_section(description: ModelDescription, num_classes: int | None,
-                    compiled: CompiledModels = CompiledModels()) -> dict[str, Any]:
-    """The archive YAML's `handler:` section, validated with the handler's own parser."""
+                    compiled: CompiledModels = CompiledModels(),
+                    target: BuildTarget = "cpu") -> dict[str, Any]:
+    """The archive YAML's `handler:` section, validated with the handler's own parser. A
+    classifier built for GPU workers decodes every JPEG in full unless its description says
+    otherwise (`jpeg_draft: false`): reduced-scale decoding is the CPU's (Pillow's), and a GPU
+    worker honours it by decoding those JPEGs on the CPU (handlers.request.decode)."""
     section = dict(description.handler_options)
+    if target == "gpu" and description.kind.network == "classifier":
+        section.setdefault("jpeg_draft", False)
     section["model"] = {"source": description.source, "architecture": description.architecture,
                         "num_classes": num_classes, "kwargs": dict(description.builder_kwargs)}
     section["labels_file"] = "labels.json"
@@ -324,7 +330,7 @@ def stage_files(description: ModelDescription, staging: Path, target: BuildTarge
     (extra / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
     compiled = compiled_models(description, request, num_classes, weights, extra / COMPILED_DIRECTORY)
     model_yaml = {**frontend_settings(description),
-                  "handler": handler_section(description, num_classes, compiled)}
+                  "handler": handler_section(description, num_classes, compiled, target)}
     (staging / "model-config.yaml").write_text(yaml.safe_dump(model_yaml), encoding="utf-8")
     return weights
 

@@ -1,0 +1,194 @@
+"""What an encoded image's header says, read without decoding a pixel: format, stored size, EXIF
+orientation, and for a JPEG its coding (which decoders can take it) and whether its data reaches
+an end-of-image marker. The request limits (body size, pixels, smallest side) are checked here,
+before any decoding work: a decompression bomb of a few kilobytes declaring a gigapixel is
+refused before any pixel is allocated.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from PIL import (  # the plugins of every accepted format, so Image.open(formats=...) knows them
+    BmpImagePlugin,  # noqa: F401
+    GifImagePlugin,  # noqa: F401
+    Image,
+    JpegImagePlugin,  # noqa: F401
+    PngImagePlugin,  # noqa: F401
+    TiffImagePlugin,  # noqa: F401
+    UnidentifiedImageError,
+    WebPImagePlugin,  # noqa: F401
+)
+
+from handlers.errors import ClientError
+from handlers.model.settings import ImageLimits
+
+# Pillow opens MPO files through its JPEG plugin and reports format "MPO".
+ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
+ACCEPTED_NAMES = "JPEG, PNG, WebP, BMP, GIF or TIFF"
+EXIF_ORIENTATION_TAG = 0x0112
+EXIF_ORIENTATIONS = range(1, 9)
+
+# JPEG markers (ITU T.81, table B.1)
+SOI, EOI, SOS = b"\xff\xd8", b"\xff\xd9", 0xDA
+START_OF_FRAME = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}   # not DHT, JPG, DAC
+STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}                   # RSTn, TEM: no length
+# Frame types nvJPEG decodes: baseline, extended sequential and progressive, Huffman-coded.
+# Lossless, hierarchical and arithmetic-coded JPEGs are not among them.
+HUFFMAN_DCT_FRAMES = frozenset({0xC0, 0xC1, 0xC2})
+
+
+@dataclass(frozen=True)
+class JpegCoding:
+    """A JPEG's frame as its markers give it: frame type (the SOFn marker's second byte), sample
+    precision, component count, where its first scan starts, and whether an end-of-image marker
+    follows it (without one, libjpeg runs out of data and torchvision refuses the file as
+    truncated; entropy-coded data cannot contain one, its 0xFF bytes being stuffed)."""
+
+    frame: int
+    precision_bits: int
+    components: int
+    scan_offset: int
+    ends: bool
+
+    @property
+    def device_decodable(self) -> bool:
+        """nvJPEG (through torchvision) decodes it to the same kind of image as the CPU: 8-bit
+        Huffman-coded DCT, grey or YCbCr (not CMYK / YCCK), and complete."""
+        return (self.frame in HUFFMAN_DCT_FRAMES and self.precision_bits == 8
+                and self.components in (1, 3) and self.ends)
+
+    @property
+    def progressive(self) -> bool:
+        return self.frame in (0xC2, 0xC6, 0xCA, 0xCE)
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """Format, stored size and EXIF orientation (1..8; 1 when absent or not a valid value); for
+    WebP whether it is animated; for a JPEG its coding (None when its markers cannot be read,
+    which leaves it to the CPU decoders and their errors)."""
+
+    image_format: str
+    width: int
+    height: int
+    orientation: int = 1
+    animated: bool = False
+    jpeg: JpegCoding | None = None
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def read_jpeg_coding(data: bytes) -> JpegCoding | None:
+    """The frame header and first scan of JPEG bytes, by walking the marker segments; None if
+    they are malformed before the first scan."""
+    if not data.startswith(SOI):
+        return None
+    frame: tuple[int, int, int] | None = None
+    position = 2
+    while position + 4 <= len(data):
+        if data[position] != 0xFF:
+            return None
+        marker = data[position + 1]
+        if marker == 0xFF:          # fill byte
+            position += 1
+            continue
+        if marker in STANDALONE:
+            position += 2
+            continue
+        length = int.from_bytes(data[position + 2:position + 4], "big")
+        if marker in START_OF_FRAME and position + 10 <= len(data):
+            frame = (marker, data[position + 4], data[position + 9])
+        if marker == SOS:
+            if frame is None:
+                return None
+            ends = data.rfind(EOI) > position + 2 + length
+            return JpegCoding(frame[0], frame[1], frame[2], position, ends)
+        position += 2 + length
+    return None
+
+
+def _describe_unreadable(data: bytes) -> ClientError:
+    """Say why bytes that no accepted decoder could read were refused."""
+    try:
+        other = Image.open(io.BytesIO(data))
+        if other.format not in (*ACCEPTED_FORMATS, "MPO"):
+            return ClientError(400, "UnsupportedFormat",
+                               f"{other.format} images are not accepted; send {ACCEPTED_NAMES}")
+    except Exception:  # noqa: BLE001 - any failure here only means "not an image we know"
+        pass
+    head = data[:512]
+    try:
+        looks_like_text = all(ch.isprintable() or ch.isspace() for ch in head.decode("utf-8"))
+    except UnicodeDecodeError:
+        looks_like_text = False
+    if looks_like_text:
+        return ClientError(400, "NotAnImage", f"the body is text, not an image; send {ACCEPTED_NAMES}")
+    return ClientError(400, "UndecodableImage", f"the body is not a readable {ACCEPTED_NAMES} image")
+
+
+def _orientation(image: Image.Image) -> int:
+    value = image.getexif().get(EXIF_ORIENTATION_TAG, 1)
+    return value if isinstance(value, int) and value in EXIF_ORIENTATIONS else 1
+
+
+def read_header(data: bytes) -> ImageHeader:
+    """Read format, size and orientation without decoding pixels; ClientError if unreadable.
+
+    Nothing here may load pixel data (Pillow's PNG `getexif`, for one, decodes the whole image),
+    so that the pixel limit is checked before any decoding work: orientation is read for JPEG
+    (its APP1 segment, parsed when the file is opened) and WebP only, the formats whose decoders
+    here leave orientation to the caller.
+    """
+    try:
+        image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
+        width, height = image.size
+        if image.format in ("JPEG", "MPO"):
+            return ImageHeader("JPEG", width, height, _orientation(image), jpeg=read_jpeg_coding(data))
+        if image.format != "WEBP":
+            return ImageHeader(str(image.format), width, height)
+        return ImageHeader("WEBP", width, height, _orientation(image),
+                           bool(getattr(image, "is_animated", False)))
+    except Image.DecompressionBombError as error:
+        raise ClientError(413, "ImageTooLarge", str(error)) from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, KeyError, TypeError):
+        raise _describe_unreadable(data) from None
+
+
+def check_pixel_limits(header: ImageHeader, limits: ImageLimits) -> None:
+    if header.pixels > limits.max_pixels:
+        raise ClientError(
+            413,
+            "ImageTooLarge",
+            f"the image is {header.width}x{header.height} = {header.pixels} pixels; "
+            f"the limit is {limits.max_pixels}",
+        )
+    if min(header.width, header.height) < limits.min_side_px:
+        raise ClientError(
+            400,
+            "ImageTooSmall",
+            f"the image is {header.width}x{header.height}; each side must be at least "
+            f"{limits.min_side_px} pixels",
+        )
+
+
+def check_body_size(data: bytes, limits: ImageLimits) -> None:
+    if not data:
+        raise ClientError(400, "EmptyBody", "the request body is empty")
+    if len(data) > limits.max_body_bytes:
+        raise ClientError(
+            413,
+            "BodyTooLarge",
+            f"the body is {len(data)} bytes; the limit is {limits.max_body_bytes}",
+        )
+
+
+def checked_header(data: bytes, limits: ImageLimits) -> ImageHeader:
+    """The header of bytes within every limit; ClientError (400 / 413) otherwise."""
+    check_body_size(data, limits)
+    header = read_header(data)
+    check_pixel_limits(header, limits)
+    return header

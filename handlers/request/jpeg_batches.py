@@ -1,0 +1,67 @@
+"""The JPEGs of a batch decoded in as few calls as their pixels allow, each failure traced to its
+own image: `torchvision.io.decode_jpeg` on a list (nvJPEG on a CUDA device, libjpeg-turbo on the
+CPU), stored pixels (orientation is the caller's: handlers.request.orientation).
+
+A batched call returns no partial results: when it raises, every image of the call is decoded
+alone, and only those that fail alone are reported failed (None), for the caller to decode on
+the CPU, which gives the CPU's answer or error for the same bytes.
+
+On CUDA two faults of the decoder are guarded against by draining the caller's stream on the
+host before each call: torchvision allocates the outputs while the caller's stream is current
+but writes them from a stream of its own without waiting on it, so a block freed on the caller's
+stream with kernels still queued may be overwritten under them (pytorch/vision PR #9606); and
+nvJPEG's hardware engine writes when the call is made, whatever stream it is given
+(meta-pytorch/torchcodec PR #1634: a device-side wait does not order it, a host wait does).
+torchvision keeps one decoder per process behind a lock and synchronises the host at the end of
+each call, so a worker decodes one call at a time; that is its own batch's decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torchvision.io import ImageReadMode, decode_jpeg
+
+
+def pixel_bounded_chunks(pixels: Sequence[int], max_pixels: int) -> Iterator[list[int]]:
+    """Consecutive index runs of `pixels` whose sums stay within `max_pixels` (an image over the
+    bound alone in its run). Every index appears exactly once, in order."""
+    run: list[int] = []
+    total = 0
+    for index, count in enumerate(pixels):
+        if run and total + count > max_pixels:
+            yield run
+            run, total = [], 0
+        run.append(index)
+        total += count
+    if run:
+        yield run
+
+
+def _drain(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _decode_call(encoded: Sequence[bytes], device: torch.device) -> list[torch.Tensor]:
+    _drain(device)
+    tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in encoded]
+    decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, apply_exif_orientation=False,
+                          device=device)
+    return list(decoded)
+
+
+def decode_jpeg_run(encoded: Sequence[bytes], device: torch.device) -> list[torch.Tensor | None]:
+    """`uint8[3, H, W]` stored pixels on `device` per JPEG, one call for the run; None for an
+    image the decoder refuses even alone. Server faults (CUDA out of memory) propagate."""
+    if not encoded:
+        return []
+    try:
+        return list(_decode_call(encoded, device))
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except RuntimeError:
+        if len(encoded) == 1:
+            return [None]
+    return [decode_jpeg_run([data], device)[0] for data in encoded]

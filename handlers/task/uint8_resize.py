@@ -1,0 +1,126 @@
+"""One antialiased bilinear resize of uint8 images, with the same arithmetic on every device.
+
+On the CPU, `torch.nn.functional.interpolate(uint8, antialias=True)` (what torchvision's
+`resize` calls for uint8 there) computes in fixed point: per axis, the filter's weights in
+double, rounded to int16 at the largest precision under which the axis's largest weight still
+fits, each output an integer dot product plus half a unit, shifted down and clamped to 0..255;
+width first, then height, through a uint8 intermediate. On CUDA, `interpolate` has no uint8
+antialiased kernel, and torchvision resizes in float and rounds: outputs one level apart from
+the CPU's, which moved EfficientNet-Lite0's probabilities by up to 0.045 on the project's photos
+(docs/precision.md). Here the CPU keeps ATen's kernel (vectorised) and every other device runs
+`resize_exact`: the same integer arithmetic as tensor operations (int32 gathers and sums, which
+are exact on any device), bit for bit equal to the CPU's (tests/unit/test_uint8_resize.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch.nn import functional as F
+
+INT16_LIMIT = 1 << 15
+MAX_PRECISION_BITS = 22
+
+
+@dataclass(frozen=True)
+class AxisTaps:
+    """One axis's fixed-point filter: output i reads inputs `first[i] .. first[i] + taps - 1`
+    (clamped to the input) with int16 `weights[i]` (zero past the filter's support), scaled by
+    2**`precision`."""
+
+    first: tuple[int, ...]
+    weights: tuple[tuple[int, ...], ...]
+    precision: int
+
+    @property
+    def taps(self) -> int:
+        return len(self.weights[0])
+
+
+def _triangle(x: float) -> float:
+    x = abs(x)
+    return 1.0 - x if x < 1.0 else 0.0
+
+
+def _trunc(value: float) -> int:
+    """C's `(int64_t) value` / `(int) value`: toward zero."""
+    return int(value)
+
+
+@lru_cache(maxsize=512)
+def axis_taps(input_size: int, output_size: int) -> AxisTaps:
+    """ATen's `_compute_index_ranges_int16_weights` for the antialiased bilinear filter
+    (align_corners false, no scale factor), in the same double arithmetic and order."""
+    scale = input_size / output_size
+    support = scale if scale >= 1.0 else 1.0          # interp_size 2, times 0.5, times the scale
+    max_taps = math.ceil(support) * 2 + 1
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    firsts: list[int] = []
+    rows: list[list[float]] = []
+    wt_max = 0.0
+    for i in range(output_size):
+        center = scale * (i + 0.5)
+        xmin = max(_trunc(center - support + 0.5), 0)
+        xsize = min(max(min(_trunc(center + support + 0.5), input_size) - xmin, 0), max_taps)
+        row = [_triangle((j + xmin - center + 0.5) * invscale) for j in range(xsize)]
+        total = 0.0
+        for weight in row:
+            total += weight
+        if total != 0.0:
+            row = [weight / total for weight in row]
+            wt_max = max([wt_max, *row])
+        firsts.append(xmin)
+        rows.append(row + [0.0] * (max_taps - xsize))
+    precision = 0
+    while precision < MAX_PRECISION_BITS:
+        if _trunc(0.5 + wt_max * (1 << (precision + 1))) >= INT16_LIMIT:
+            break
+        precision += 1
+    unit = 1 << precision
+    weights = tuple(tuple(_trunc(-0.5 + w * unit) if w * unit < 0 else _trunc(0.5 + w * unit)
+                          for w in row) for row in rows)
+    return AxisTaps(tuple(firsts), weights, precision)
+
+
+def _resample_last_axis(images: torch.Tensor, taps: AxisTaps) -> torch.Tensor:
+    """int32 `[..., L]` -> int32 `[..., output]` holding 0..255: one fixed-point pass."""
+    device, length = images.device, images.shape[-1]
+    first = torch.tensor(taps.first, dtype=torch.int64, device=device)
+    weights = torch.tensor(taps.weights, dtype=torch.int32, device=device)
+    total = torch.full((*images.shape[:-1], len(taps.first)), 1 << (taps.precision - 1),
+                       dtype=torch.int32, device=device)
+    for tap in range(taps.taps):
+        index = (first + tap).clamp_(max=length - 1)    # past the support the weight is 0
+        total += images.index_select(-1, index) * weights[:, tap]
+    return (total >> taps.precision).clamp_(0, 255)
+
+
+def resize_exact(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor:
+    """`uint8[..., H, W]` -> `uint8[..., h, w]` with the CPU's fixed-point arithmetic (see the
+    module docstring), on the images' device. The input is not modified."""
+    height, width = images.shape[-2:]
+    out_h, out_w = size_hw
+    result = images.to(torch.int32)
+    if out_w != width:
+        result = _resample_last_axis(result, axis_taps(width, out_w))
+    if out_h != height:
+        result = _resample_last_axis(result.transpose(-1, -2), axis_taps(height, out_h)).transpose(-1, -2)
+    return result.to(torch.uint8).contiguous()
+
+
+def resize_uint8(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor:
+    """`uint8[N, C, H, W]` (or `[C, H, W]`) -> the same at `size_hw`: antialiased bilinear with
+    one arithmetic on every device (ATen's kernel on the CPU, `resize_exact` elsewhere)."""
+    if images.dtype != torch.uint8:
+        raise TypeError(f"resize_uint8 takes uint8 images, got {images.dtype}")
+    if tuple(images.shape[-2:]) == tuple(size_hw):
+        return images
+    if images.device.type != "cpu":
+        return resize_exact(images, size_hw)
+    batch = images if images.ndim == 4 else images.unsqueeze(0)
+    resized = F.interpolate(batch, size=list(size_hw), mode="bilinear", antialias=True,
+                            align_corners=False)
+    return resized if images.ndim == 4 else resized[0]

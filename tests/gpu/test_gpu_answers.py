@@ -1,0 +1,130 @@
+"""On a GPU: the same archive gives the CPU's answers (the rule of handlers.model.answer_agreement,
+`cross_device_bound`), the batch's JPEGs decoded together on the device give each image what it
+gets alone and every refusal the CPU's status and body for the same bytes, rotated JPEGs come
+out upright, and the device's resize is the CPU's bit for bit.
+
+Marked `gpu`: deselected unless pytest runs with --gpu (`lab gpu` and docs/testing.md run them:
+`pytest --gpu -m gpu tests/gpu`); `--gpu-device cpu` rehearses them on a CPU machine, where they
+compare the CPU with itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from handlers.errors import ClientError
+from handlers.model.settings import ImageLimits
+from handlers.request.decode import decode_images
+from handlers.task.uint8_resize import resize_exact
+from tests.answers import default_classifier
+from tests.archives import stage_model_dir
+from tests.images import (
+    decoded,
+    encode,
+    exif_with_orientation,
+    jpeg_with_broken_huffman_table,
+    textured_rgb,
+)
+from torchserve_vision.lab.device_answers import STORED_TURNED, answer_check_images, compare_devices
+from torchserve_vision.photo_sets import jpeg, project_photos
+
+pytestmark = pytest.mark.gpu
+
+LIMITS = ImageLimits()
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    chosen = torch.device(request.config.getoption("--gpu-device"))
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise AssertionError(f"--gpu asks for {chosen}, and torch sees no CUDA device here")
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def lite0_for_gpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default classifier (EfficientNet-Lite0, real weights) staged as `build --target gpu`
+    stages it: no CPU packages, JPEGs decoded in full."""
+    description = dataclasses.replace(default_classifier(), handler_options={
+        **default_classifier().handler_options, "precision": "fp32"})
+    return stage_model_dir(description, tmp_path_factory.mktemp("lite0-gpu"), "gpu")
+
+
+def outcome(result: torch.Tensor | ClientError) -> tuple[object, ...]:
+    if isinstance(result, ClientError):
+        return ("refused", result.status, result.error_type, result.message)
+    return ("decoded", tuple(result.shape))
+
+
+def test_every_answer_on_the_gpu_is_the_cpus_within_the_device_bound(lite0_for_gpus, device):
+    gpu_id = device.index or 0 if device.type == "cuda" else None
+    results = compare_devices(lite0_for_gpus, gpu_id, ["fp32", "tf32", "fp16", "bf16"],
+                              answer_check_images())
+    for result in results:
+        assert result.agrees, (result.precision, result.disagreements)
+
+
+def test_the_resize_on_the_device_is_the_cpus_bit_for_bit(device):
+    generator = torch.Generator().manual_seed(0)
+    for input_hw, output_hw in [((720, 720), (256, 256)), ((427, 640), (256, 383)),
+                                ((3000, 4000), (256, 341)), ((48, 64), (256, 341))]:
+        images = torch.randint(0, 256, (4, 3, *input_hw), dtype=torch.uint8, generator=generator)
+        expected = F.interpolate(images, size=list(output_hw), mode="bilinear", antialias=True)
+        assert torch.equal(resize_exact(images.to(device), output_hw).cpu(), expected)
+
+
+def test_a_mixed_batch_on_the_device_gets_what_each_image_gets_alone_there(device):
+    good = encode(textured_rgb(60, 80, seed=1), "JPEG", quality=90)
+    batch = [good, encode(textured_rgb(90, 70, seed=2), "JPEG"),
+             encode(textured_rgb(60, 80, seed=3), "JPEG", progressive=True),
+             encode(textured_rgb(40, 56, seed=4).convert("CMYK"), "JPEG"),
+             jpeg_with_broken_huffman_table(good), good[: len(good) // 2], b"", b"text\n",
+             encode(textured_rgb(30, 40, seed=5), "PNG"), jpeg(project_photos()[0].image, 90)]
+    together = decode_images(batch, LIMITS, device)
+    for data, result in zip(batch, together, strict=True):
+        (alone,) = decode_images([data], LIMITS, device)
+        assert outcome(result) == outcome(alone)
+        if isinstance(result, torch.Tensor):
+            assert result.device == device and torch.equal(result, decoded(alone))
+
+
+def corrupted_corpus() -> list[bytes]:
+    """A photo's JPEG cut at 24 places (headers, scan, just before the end) and with 24 seeded
+    byte changes in its scan: what the hardware decoder might take where libjpeg refuses."""
+    data = jpeg(project_photos()[1].image, 90)
+    cuts = [len(data) * k // 25 for k in range(1, 25)] + [len(data) - 2, len(data) - 1]
+    rng = np.random.default_rng(0)
+    changed = []
+    for _ in range(24):
+        body = bytearray(data)
+        for position in rng.integers(700, len(data) - 2, 4):
+            body[position] = int(rng.integers(0, 256))
+        changed.append(bytes(body))
+    return [data[:cut] for cut in cuts] + changed
+
+
+def test_truncated_and_corrupted_jpegs_get_the_cpus_status_and_body_on_the_device(device):
+    corpus = corrupted_corpus()
+    on_device = decode_images(corpus, LIMITS, device)
+    on_cpu = decode_images(corpus, LIMITS, CPU)
+    for index, (got, expected) in enumerate(zip(on_device, on_cpu, strict=True)):
+        assert outcome(got) == outcome(expected), index
+
+
+@pytest.mark.parametrize("orientation", sorted(STORED_TURNED))
+def test_a_rotated_jpeg_comes_out_upright_on_the_device(device, orientation):
+    turned = encode(textured_rgb(90, 140, seed=orientation).transpose(STORED_TURNED[orientation]),
+                    "JPEG", quality=95, exif=exif_with_orientation(orientation))
+    on_device, on_cpu = (decoded(decode_images([turned], LIMITS, where)[0]) for where in (device, CPU))
+    assert on_device.shape == on_cpu.shape == (3, 90, 140)
+    # The device's decoder is not libjpeg: its pixels are close to the CPU's, and far closer than
+    # the photo mirrored would be (the gradient runs along its width).
+    near = (on_device.cpu().float() - on_cpu.float()).abs().mean()
+    assert near < 0.25 * (on_cpu.float() - on_cpu.flip(-1).float()).abs().mean()

@@ -1,0 +1,73 @@
+"""The uint8 resize: the CPU's fixed-point kernel, reproduced as tensor operations for other
+devices, bit for bit (the GPU test module checks the same on CUDA)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from handlers.task.uint8_resize import axis_taps, resize_exact, resize_uint8
+
+
+def aten_uint8(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor:
+    return F.interpolate(images, size=list(size_hw), mode="bilinear", antialias=True,
+                         align_corners=False)
+
+
+def random_images(count: int, height: int, width: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (count, 3, height, width), dtype=torch.uint8, generator=generator)
+
+
+def size_pairs(count: int, seed: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    rng = random.Random(seed)
+    return [((rng.randint(1, 700), rng.randint(1, 700)), (rng.randint(1, 400), rng.randint(1, 400)))
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize(("input_hw", "output_hw"), [
+    ((720, 720), (256, 256)), ((427, 640), (256, 383)), ((300, 451), (256, 384)),
+    ((1200, 1600), (300, 400)), ((48, 64), (256, 341)), ((7, 5), (3, 11)), ((1, 1), (4, 4)),
+    *size_pairs(40, seed=0),
+])
+def test_the_exact_resize_is_the_cpu_kernel_bit_for_bit(input_hw, output_hw):
+    images = random_images(2, input_hw[0], input_hw[1], seed=sum(input_hw) + sum(output_hw))
+    assert torch.equal(resize_exact(images, output_hw), aten_uint8(images, output_hw))
+
+
+def test_a_real_photo_resizes_identically():
+    from torchvision.io import decode_image
+
+    from tests.images import photo_bytes
+
+    photo = decode_image(torch.frombuffer(bytearray(photo_bytes("rocket.jpg")), dtype=torch.uint8))
+    assert torch.equal(resize_exact(photo, (256, 383)), aten_uint8(photo[None], (256, 383))[0])
+
+
+def test_resize_uint8_keeps_the_shape_it_was_given_and_leaves_the_input_untouched():
+    images = random_images(3, 40, 60, seed=1)
+    before = images.clone()
+    assert resize_uint8(images, (20, 30)).shape == (3, 3, 20, 30)
+    assert resize_uint8(images[0], (20, 30)).shape == (3, 20, 30)
+    assert torch.equal(resize_uint8(images[0], (20, 30)), resize_uint8(images, (20, 30))[0])
+    assert torch.equal(images, before)
+    assert resize_uint8(images, (40, 60)) is images
+
+
+def test_resize_uint8_refuses_float_images():
+    with pytest.raises(TypeError):
+        resize_uint8(torch.zeros(3, 4, 4), (2, 2))
+
+
+@pytest.mark.parametrize(("input_size", "output_size"), [(720, 256), (256, 720), (427, 383), (5, 3)])
+def test_each_outputs_weights_fit_int16_and_sum_to_one_in_fixed_point(input_size, output_size):
+    taps = axis_taps(input_size, output_size)
+    unit = 1 << taps.precision
+    assert len(taps.first) == output_size
+    for first, weights in zip(taps.first, taps.weights, strict=True):
+        assert 0 <= first < input_size
+        assert all(-(1 << 15) <= weight < (1 << 15) for weight in weights)
+        assert abs(sum(weights) - unit) <= len(weights)   # each weight rounded by at most 1/2

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from torchserve_vision.lab.batch_log import logged_batches, served_breakdown
+from torchserve_vision.lab.batch_log import logged_batches, served_breakdown, stage_means
 from torchserve_vision.lab.batch_model import BatchTimeFit
 
 FIT = BatchTimeFit(t_fixed_ms=8.0, t_img_ms=4.0, rms_error_ms=0.0, r_squared=1.0)  # t(8) = 40 ms
@@ -55,3 +55,12 @@ def test_half_full_batches_slower_than_in_process_on_half_busy_workers_multiply_
 def test_no_batches_is_an_error_that_says_why():
     with pytest.raises(ValueError, match="log_batches"):
         served_breakdown([], FIT, 8, 1.0)
+
+
+def test_stage_means_are_per_batch_and_per_image():
+    lines = [line("17,000", 9000, "m", 8, 39.0), line("17,500", 9001, "m", 4, 19.0)]
+    means = stage_means(logged_batches(lines, "m", "1.0"))
+    assert (means["batches"], means["mean_batch_size"]) == (2, 6.0)
+    assert means["ms_per_batch"] == {"decode": 1.0, "inference": 29.0}
+    assert means["ms_per_image"] == {"decode": 2.0 / 12, "inference": 58.0 / 12}
+    assert stage_means([]) == {"batches": 0}

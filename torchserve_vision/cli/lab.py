@@ -34,6 +34,7 @@ from torchserve_vision.lab import (
     drift_detection,
     engines,
     goodput,
+    gpu_lab,
     loadgen,
     near_duplicates,
     precision_spread,
@@ -66,7 +67,7 @@ def register(commands: argparse._SubParsersAction, summary: str) -> None:
     for add in (add_load, add_profile, add_sweep, add_tune, add_compare, add_policies, add_compile_speed,
                 add_engines, add_detector_parts, add_goodput, add_precision, add_startup, add_rollout_drill,
                 add_plan, add_rolling_update, add_cascade, add_cache, add_near_duplicates,
-                add_protocols, add_shadow, add_drift):
+                add_protocols, add_shadow, add_drift, add_gpu):
         add(actions)
 
 
@@ -451,6 +452,42 @@ def run_detector_parts(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise LabError(str(error)) from None
     print(json.dumps(figures, indent=2) if args.json else detector_parts.table(figures))
+    return 0
+
+
+# --- gpu ----------------------------------------------------------------------------------------
+def add_gpu(actions: argparse._SubParsersAction) -> None:
+    parser = subcommand(actions, "gpu", "everything a GPU machine is measured by, in one run",
+                        gpu_lab.__doc__ or "", [json_flag()])
+    defaults = gpu_lab.GpuLabSettings(Path("."))
+    parser.add_argument("--work-dir", type=Path, default=gpu_lab.default_work_dir(),
+                        help="archives, server run directory and logs (default: %(default)s)")
+    parser.add_argument("--record", type=Path, help="also write the JSON record to this file")
+    parser.add_argument("--duration", type=float, default=defaults.duration_s, help="measured s per load")
+    parser.add_argument("--warm-up", type=float, default=defaults.warm_up_s, help="s before each measurement")
+    parser.add_argument("--loads", type=int, nargs="+", default=list(defaults.loads), help="clients")
+    parser.add_argument("--builtin-workers", type=int, nargs="+", default=list(defaults.builtin_workers))
+    parser.add_argument("--images", type=int, default=defaults.images, help="distinct 720x720 JPEGs")
+    parser.add_argument("--processes", type=int, default=defaults.processes,
+                        help="load generator (and trivial responder) processes")
+    parser.add_argument("--precisions", nargs="+", default=list(defaults.precisions),
+                        choices=("fp32", "tf32", "fp16", "bf16"), help="of the answer check")
+    parser.add_argument("--reference-batches", type=int, nargs="+", default=list(defaults.reference_batches))
+    parser.add_argument("--detector-batches", type=int, nargs="+", default=list(defaults.detector_batches))
+    parser.add_argument("--models", type=Path, default=defaults.models)
+    parser.set_defaults(run=run_gpu)
+
+
+def run_gpu(args: argparse.Namespace) -> int:
+    settings = gpu_lab.GpuLabSettings(
+        args.work_dir, args.duration, args.warm_up, tuple(args.loads), tuple(args.builtin_workers),
+        images=args.images, processes=args.processes, precisions=tuple(args.precisions),
+        reference_batches=tuple(args.reference_batches), detector_batches=tuple(args.detector_batches),
+        models=args.models)
+    record = gpu_lab.run_gpu_lab(settings)
+    if args.record:
+        args.record.write_text(json.dumps(record, indent=2))
+    print(json.dumps(record, indent=2) if args.json else gpu_lab.as_text(record))
     return 0
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from torchserve_vision.lab.batch_model import BatchTimeFit
 
@@ -35,6 +36,7 @@ class LoggedBatch:
     worker: str
     size: int
     handler_ms: float   # the sum of the handler's stages (cache, decode, ..., postprocess)
+    stage_ms: Mapping[str, float] = field(default_factory=dict)   # each stage's ms
 
 
 def logged_batches(lines: Iterable[str], model: str, version: str) -> list[LoggedBatch]:
@@ -45,8 +47,21 @@ def logged_batches(lines: Iterable[str], model: str, version: str) -> list[Logge
         if match and match[3] == model and match[4] == version:
             record = json.loads(match[5])
             batches.append(LoggedBatch(datetime.strptime(match[1], TIMESTAMP_FORMAT), match[2],
-                                       int(record["size"]), sum(record["stage_ms"].values())))
+                                       int(record["size"]), sum(record["stage_ms"].values()),
+                                       record["stage_ms"]))
     return batches
+
+
+def stage_means(batches: Sequence[LoggedBatch]) -> dict[str, Any]:
+    """How many batches, their mean size, and each stage's mean ms per batch and per image."""
+    if not batches:
+        return {"batches": 0}
+    images = sum(batch.size for batch in batches)
+    stages = {stage for batch in batches for stage in batch.stage_ms}
+    totals = {stage: sum(batch.stage_ms.get(stage, 0.0) for batch in batches) for stage in sorted(stages)}
+    return {"batches": len(batches), "mean_batch_size": images / len(batches),
+            "ms_per_batch": {stage: total / len(batches) for stage, total in totals.items()},
+            "ms_per_image": {stage: total / images for stage, total in totals.items()}}
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,24 @@ from pathlib import Path
 
 from torchserve_vision.archives import ARCHIVER
 
-ECHO, ECHO_ASYNC = "echo", "echo_async"
+ECHO, ECHO_ASYNC, ECHO_QUEUED = "echo", "echo_async", "echo_queued"
 # TorchServe 0.12's AsyncWorkerThread sends the load request and only then makes the latch its
 # answer counts down: a worker that answers before that (a handler with nothing to load, on a
 # busy machine) fails with a NullPointerException, is retried, and can fail so for minutes (seen
 # in a CI run: 0 READY workers in 300 s). Loading the asynchronous echo takes this long instead.
 ASYNC_LOAD_DELAY_S = 0.5
 
+ECHO_SOURCE = ("class Echo:\n"
+               "    def initialize(self, context):\n"
+               "        self.initialized = True\n\n"
+               "    def handle(self, data, context):\n"
+               "        return [b'{\"echo\": true}' for _ in data]\n")
+
 SOURCES = {
-    ECHO: ("class Echo:\n"
-           "    def initialize(self, context):\n"
-           "        self.initialized = True\n\n"
-           "    def handle(self, data, context):\n"
-           "        return [b'{\"echo\": true}' for _ in data]\n", "batchSize: 1\n"),
+    ECHO: (ECHO_SOURCE, "batchSize: 1\n"),
+    # The frontend agent's queued batching, as the project's archives have it (the batch size
+    # comes with the registration).
+    ECHO_QUEUED: (ECHO_SOURCE, "continuousBatching: true\nclientTimeoutInMills: 0\n"),
     ECHO_ASYNC: ("import time\n\n"
                  f"time.sleep({ASYNC_LOAD_DELAY_S})   # TorchServe 0.12: a worker loaded at once fails\n\n\n"
                  "async def handle(data, context):\n"
@@ -33,7 +38,7 @@ SOURCES = {
 
 
 def build_echo_archive(store: Path, name: str) -> str:
-    """`<name>.mar` in `store` (built once): ECHO or ECHO_ASYNC."""
+    """`<name>.mar` in `store` (built once): ECHO, ECHO_QUEUED or ECHO_ASYNC."""
     archive = f"{name}.mar"
     if (store / archive).is_file():
         return archive

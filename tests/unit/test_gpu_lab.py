@@ -1,0 +1,69 @@
+"""The pieces of `lab gpu` that run anywhere: the multi-process load generator against the
+trivial responder, the distinct benchmark JPEGs, the answer rule applied image by image, and
+the in-process reference (tiny, on the CPU). The whole command is rehearsed on a CPU as
+docs/benchmarks.md ("GPU") says, and run on a GPU machine."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+from handlers.request.image_header import read_header
+from torchserve_vision.lab.benchmark_images import distinct_jpegs
+from torchserve_vision.lab.device_answers import STORED_TURNED, agreement, answer_check_images
+from torchserve_vision.lab.gpu_reference import classifier_pipeline, model_only
+from torchserve_vision.lab.process_load import run_processes, trivial_responder
+
+
+def test_several_load_processes_measure_the_trivial_responder_without_errors(tmp_path):
+    bodies = [b"x" * 1000, b"y" * 2000, b"z" * 3000]
+    with trivial_responder(2) as url:
+        report = run_processes(url, bodies, clients=4, processes=2, duration_s=1.0, warm_up_s=0.3,
+                               work_dir=tmp_path)
+    assert report.errors == {} and report.succeeded == report.sent > 0
+    assert report.extra == {"clients": 4, "processes": 2}
+    assert report.latency_ms["p50"] > 0
+
+
+def test_a_refused_connection_is_counted_as_an_error(tmp_path):
+    report = run_processes("http://127.0.0.1:9/predictions/nothing", [b"x"], clients=1, processes=1,
+                           duration_s=0.3, warm_up_s=0.0, work_dir=tmp_path)
+    assert report.succeeded == 0 and report.errors.get("connection", 0) > 0
+
+
+def test_benchmark_jpegs_are_distinct_square_and_chroma_subsampled():
+    jpegs = distinct_jpegs(12, size=96)
+    assert len({hashlib.sha256(body).digest() for body in jpegs}) == 12
+    for body in jpegs:
+        header = read_header(body)
+        assert (header.width, header.height) == (96, 96) and header.jpeg is not None
+        assert header.jpeg.device_decodable
+    assert jpegs == distinct_jpegs(12, size=96)      # seeded: the same set every run
+
+
+def test_the_answer_check_images_are_the_photos_their_variants_and_turned_photos():
+    images = answer_check_images(variants=10)
+    assert len(images) == 10 + 6 * len(STORED_TURNED)
+    assert images[0].name == "astronaut.png" and images[6].name.startswith("variant-")
+    turned = [image for image in images if "@orientation-" in image.name]
+    assert {read_header(image.body).orientation for image in turned} == set(STORED_TURNED)
+
+
+def test_agreement_applies_the_cross_device_rule_image_by_image():
+    reference = [[(1, 0.60), (2, 0.30)], [(5, 0.90), (6, 0.05)]]
+    got = [[(1, 0.59), (2, 0.31)], [(6, 0.50), (5, 0.45)]]
+    result = agreement("fp32", ["near", "flipped"], got, reference)
+    assert result.bound == 0.02 and result.top1_changes == 1
+    assert set(result.disagreements) == {"flipped"} and not result.agrees
+    assert result.worst_image == "flipped" and abs(result.max_change - 0.45) < 1e-9
+
+
+def test_the_reference_pipeline_and_model_alone_run_on_the_cpu():
+    network = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+    cpu = torch.device("cpu")
+    assert set(model_only(network, 32, "fp32", False, [2], cpu)) == {2}
+    rates = classifier_pipeline(network, distinct_jpegs(3, size=48), 40, 32, (0.5,) * 3, (0.5,) * 3,
+                                "fp32", True, [2], cpu)
+    assert rates[2] > 0

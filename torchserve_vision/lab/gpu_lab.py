@@ -1,0 +1,376 @@
+"""`torchserve-vision lab gpu`: what a GPU machine is measured by, in one run, with JSON for the
+record (docs/benchmarks.md, "GPU").
+
+1. Builds config/models-gpu.yaml's archives with `--target gpu` (ResNet-50 fp16 and SSDlite320
+   served; EfficientNet-Lite0 with real weights for the answer check), cache off.
+2. The answer check: the Lite0 archive on the GPU at fp32, tf32, fp16 and bf16 against the same
+   archive at fp32 on this machine's CPU, on the project's photos, their variants and turned
+   JPEGs, by the rule of handlers.model.answer_agreement (lab/device_answers.py).
+3. In-process on the same GPU, no handler (lab/gpu_reference.py): the classifier's model alone,
+   its plain pipeline from JPEG bytes to top-5, and the detector's plain pipeline.
+4. The load generator (several processes: lab/process_load.py) against a trivial responder that
+   is not TorchServe: its own ceiling.
+5. A TorchServe from the built archives (workers READY timed from the start), and on it: the echo
+   model (no work, queued batching as ours) at the most clients; ours at each load with the
+   time per stage from its batch log; TorchServe's built-in `image_classifier` handler on the
+   same weights at 1..16 workers (torch threads = cores / workers, batch and delay fixed), the
+   best at the most clients measured at each load; the detector at each load.
+
+Load: one image per request, cycling through `images` distinct 720x720 JPEGs (4:2:0, quality 90)
+made from the project's photos. Without a GPU the same run rehearses on the CPU (slowly: use
+small loads and durations), every figure labelled with the device it ran on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchserve_vision import paths
+from torchserve_vision.archives import ARCHIVER
+from torchserve_vision.archives.build import build_archive
+from torchserve_vision.client import TorchServeClient
+from torchserve_vision.lab.batch_log import logged_batches, stage_means
+from torchserve_vision.lab.benchmark_images import distinct_jpegs
+from torchserve_vision.lab.compare import register, unregister_all
+from torchserve_vision.lab.device_answers import answer_check_images, compare_devices
+from torchserve_vision.lab.echo_archive import ECHO_QUEUED, build_echo_archive
+from torchserve_vision.lab.gpu_reference import classifier_pipeline, detector_pipeline, model_only
+from torchserve_vision.lab.loadgen import Report
+from torchserve_vision.lab.local_handler import eager_classifier, extract_archive
+from torchserve_vision.lab.process_load import default_processes, run_processes, trivial_responder
+from torchserve_vision.model_descriptions import ModelDescription, ServingSettings, load_descriptions
+from torchserve_vision.server_process import TorchServeInstance, instance_for, start, stop
+from torchserve_vision.torchserve_config import server_config, write_models_block
+
+GPU_MODELS = Path("config/models-gpu.yaml")
+CLASSIFIER, DETECTOR, ANSWERS_MODEL = "resnet50", "ssdlite320", "efficientnet_lite0"
+BUILTIN = "builtin_resnet50"
+GOAL_IMAGES_PER_S = 10_000
+
+
+@dataclass(frozen=True)
+class GpuLabSettings:
+    work_dir: Path
+    duration_s: float = 8.0
+    warm_up_s: float = 2.0
+    loads: tuple[int, ...] = (1, 64, 256)
+    builtin_workers: tuple[int, ...] = (1, 2, 4, 8, 16)
+    builtin_batch_delay_ms: int = 5
+    images: int = 1000
+    processes: int = dataclasses.field(default_factory=default_processes)
+    precisions: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+    reference_batches: tuple[int, ...] = (64, 128, 256)
+    detector_batches: tuple[int, ...] = (16, 64)
+    models: Path = GPU_MODELS
+
+
+def lab_device() -> torch.device:
+    return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    import torchvision
+
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "torchvision": torchvision.__version__,
+            "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+            "when": datetime.now().isoformat(timespec="seconds")}
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def summary(report: Report) -> dict[str, Any]:
+    return {"images_per_s": report.throughput_rps, "p50_ms": report.latency_ms.get("p50"),
+            "p99_ms": report.latency_ms.get("p99"), "errors": report.errors}
+
+
+# --- steps -----------------------------------------------------------------------------------------
+def build_models(descriptions: Sequence[ModelDescription], store: Path) -> None:
+    for description in descriptions:
+        say(f"building {description.name} for GPU workers")
+        build_archive(description, store, "gpu", reference_requests=0)
+
+
+def answer_check(store: Path, work: Path, device: torch.device,
+                 precisions: Sequence[str]) -> list[dict[str, Any]]:
+    model_dir = extract_archive(store / f"{ANSWERS_MODEL}-1.0.mar", work / "answers-model")
+    gpu_id = (device.index or 0) if device.type == "cuda" else None
+    threads = torch.get_num_threads()
+    try:
+        results = compare_devices(model_dir, gpu_id, precisions, answer_check_images())
+    finally:
+        torch.set_num_threads(threads)
+    for result in results:
+        say(f"answers {result.precision}: max change {result.max_change:.4f} (bound {result.bound}), "
+            f"top-1 changed {result.top1_changes}, outside {len(result.disagreements)} of {result.images}")
+    return [result.to_dict() for result in results]
+
+
+def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.device,
+               settings: GpuLabSettings) -> dict[str, Any]:
+    """The classifier's model alone and plain pipeline, and the detector's plain pipeline."""
+    from handlers.model.model_loading import load_model
+    from handlers.model.settings import parse_detector_settings
+    from torchserve_vision.lab.local_handler import archive_context
+
+    classifier_dir = extract_archive(store / f"{CLASSIFIER}-1.0.mar", work / "reference-classifier")
+    cls, network = eager_classifier(classifier_dir)
+    network = network.to(device)
+    precision = cls.precision if device.type == "cuda" else "fp32"
+    batches = settings.reference_batches
+    result: dict[str, Any] = {
+        "classifier_model_only": model_only(network, cls.input_size, precision, cls.channels_last,
+                                            batches, device),
+        "classifier_pipeline": classifier_pipeline(network, jpegs, cls.resize_size, cls.input_size,
+                                                   cls.mean, cls.std, precision, cls.channels_last,
+                                                   batches[:2], device)}
+    detector_dir = extract_archive(store / f"{DETECTOR}-1.0.mar", work / "reference-detector")
+    context = archive_context(detector_dir)
+    detector_settings = parse_detector_settings((context.model_yaml_config or {})["handler"])
+    detector = load_model(detector_settings.model,
+                          detector_dir / context.manifest["model"]["serializedFile"], device)
+    result["detector_pipeline"] = detector_pipeline(detector, jpegs, detector_settings.precision,
+                                                    settings.detector_batches, device)
+    say(f"in-process: {json.dumps(result)}")
+    return result
+
+
+def load_generator_ceiling(jpegs: Sequence[bytes], work: Path, settings: GpuLabSettings) -> dict[str, Any]:
+    with trivial_responder(settings.processes) as url:
+        report = run_processes(url, jpegs, max(settings.loads), settings.processes,
+                               settings.duration_s, settings.warm_up_s, work)
+    say(f"load generator against a trivial responder: {report.table()}")
+    return summary(report)
+
+
+@contextlib.contextmanager
+def lab_server(work: Path, store: Path,
+               descriptions: Sequence[ModelDescription]) -> Iterator[tuple[TorchServeInstance, float]]:
+    """A TorchServe serving the started models from `store` (model API on, a deep queue for the
+    most clients); yields it and the seconds from start to every worker READY."""
+    config = server_config(work / "server", store, paths.DEVELOPMENT_CONFIG, job_queue_size="4096")
+    write_models_block(config, descriptions)
+    instance = instance_for(config, work / "run")
+    started = time.perf_counter()
+    start(instance, store, timeout_s=900)
+    ready_s = time.perf_counter() - started
+    say(f"server started, every worker READY in {ready_s:.1f} s")
+    try:
+        yield instance, ready_s
+    finally:
+        stop(instance)
+
+
+def drive(url: str, jpegs: Sequence[bytes], clients: int, work: Path, settings: GpuLabSettings,
+          label: str) -> tuple[Report, list[datetime]]:
+    started = datetime.now()
+    report = run_processes(url, jpegs, clients, settings.processes, settings.duration_s,
+                           settings.warm_up_s, work)
+    say(f"  {label}, {clients} clients: {report.table()}")
+    return report, [started, datetime.now()]
+
+
+def served(client: TorchServeClient, model: str, jpegs: Sequence[bytes], work: Path,
+           settings: GpuLabSettings, log: Path | None = None) -> dict[str, Any]:
+    """`model` at each load; with `log`, the stage times of its batches at the most clients."""
+    by_load: dict[str, Any] = {}
+    for clients in settings.loads:
+        report, window = drive(client.prediction_url(model), jpegs, clients, work, settings, model)
+        by_load[str(clients)] = summary(report)
+        if log is not None and log.is_file() and clients == max(settings.loads):
+            with log.open(encoding="utf-8", errors="replace") as lines:
+                batches = [batch for batch in logged_batches(lines, model, "1.0")
+                           if window[0] <= batch.at <= window[1]]
+            by_load[str(clients)]["stages"] = stage_means(batches)
+    return by_load
+
+
+def echo_ceiling(client: TorchServeClient, store: Path, jpegs: Sequence[bytes], work: Path,
+                 settings: GpuLabSettings, workers: int) -> dict[str, Any]:
+    archive = build_echo_archive(store, ECHO_QUEUED)
+    register(client, store, archive, ECHO_QUEUED,
+             ServingSettings(batch_size=64, max_batch_delay_ms=0, min_workers=workers, max_workers=workers))
+    try:
+        report, _ = drive(client.prediction_url(ECHO_QUEUED), jpegs, max(settings.loads), work,
+                          settings, f"echo ({workers} workers)")
+    finally:
+        unregister_all(client, ECHO_QUEUED)
+    return {"workers": workers, **summary(report)}
+
+
+BUILTIN_HANDLER = '''import torch
+from ts.torch_handler.image_classifier import ImageClassifier
+
+
+class Builtin(ImageClassifier):
+    """TorchServe's image_classifier, its torch threads set from the archive's YAML."""
+
+    def initialize(self, context):
+        torch.set_num_threads(int(context.model_yaml_config["torchThreads"]))
+        super().initialize(context)
+'''
+
+
+def build_builtin_archives(store: Path, work: Path, workers: Sequence[int]) -> dict[int, str]:
+    """The classifier's network traced to TorchScript for TorchServe's image_classifier handler,
+    one archive per worker count (its torch threads = cores / workers)."""
+    from torchserve_vision.model_descriptions import resolve_labels
+
+    _, network = eager_classifier(extract_archive(store / f"{CLASSIFIER}-1.0.mar", work / "builtin"))
+    staging = work / "builtin-staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    program = staging / "model.pt"
+    with torch.inference_mode():
+        torch.jit.save(torch.jit.trace(network.float().eval(), torch.zeros(1, 3, 224, 224)), str(program))
+    labels = staging / "index_to_name.json"
+    labels.write_text(json.dumps({str(i): n for i, n in enumerate(resolve_labels("imagenet"))}))
+    handler = staging / "builtin_handler.py"
+    handler.write_text(BUILTIN_HANDLER)
+    archives = {}
+    for count in workers:
+        name = f"{BUILTIN}_w{count}"
+        config = staging / f"{name}.yaml"
+        config.write_text(f"torchThreads: {max(1, (os.cpu_count() or 1) // count)}\n")
+        subprocess.run([str(ARCHIVER), "--model-name", name, "--version", "1.0", "--serialized-file",
+                        str(program), "--handler", str(handler), "--extra-files", str(labels),
+                        "--config-file", str(config), "--export-path", str(store), "--force"],
+                       check=True, capture_output=True)
+        archives[count] = f"{name}.mar"
+    return archives
+
+
+def builtin_sweep(client: TorchServeClient, store: Path, jpegs: Sequence[bytes], work: Path,
+                  settings: GpuLabSettings, batch_size: int) -> dict[str, Any]:
+    """Every worker count at the most clients; then the best at every load."""
+    archives = build_builtin_archives(store, work, settings.builtin_workers)
+    most, sweep = max(settings.loads), {}
+
+    def registered(count: int) -> None:
+        register(client, store, archives[count], BUILTIN,
+                 ServingSettings(batch_size=batch_size, max_batch_delay_ms=settings.builtin_batch_delay_ms,
+                                 min_workers=count, max_workers=count, batching="delayed"))
+
+    for count in archives:
+        registered(count)
+        try:
+            report, _ = drive(client.prediction_url(BUILTIN), jpegs, most, work, settings,
+                              f"built-in, {count} workers")
+            sweep[count] = summary(report)
+        finally:
+            unregister_all(client, BUILTIN)
+    best = max(sweep, key=lambda count: sweep[count]["images_per_s"])
+    by_load = {str(most): sweep[best]}
+    registered(best)
+    try:
+        for clients in settings.loads:
+            if clients != most:
+                by_load[str(clients)] = summary(drive(client.prediction_url(BUILTIN), jpegs, clients, work,
+                                                      settings, f"built-in, {best} workers")[0])
+    finally:
+        unregister_all(client, BUILTIN)
+    return {"sweep_at_most_clients": {str(count): row for count, row in sweep.items()},
+            "best_workers": best, "best": by_load, "batch_size": batch_size,
+            "max_batch_delay_ms": settings.builtin_batch_delay_ms}
+
+
+def ratios(record: dict[str, Any], loads: Sequence[int]) -> dict[str, Any]:
+    most = str(max(loads))
+    ours = record["served"][CLASSIFIER][most]["images_per_s"]
+    reference = max(record["in_process"]["classifier_pipeline"].values())
+    detector_reference = max(record["in_process"]["detector_pipeline"].values())
+    detector = max(row["images_per_s"] for row in record["served"][DETECTOR].values())
+    builtin = max(row["images_per_s"] for row in record["builtin"]["best"].values())
+    return {
+        "ours_images_per_s": ours, "goal_images_per_s": GOAL_IMAGES_PER_S,
+        "ours_over_reference_pipeline": ours / reference,
+        "ours_over_builtin": ours / builtin,
+        "one_client_p50_ms": record["served"][CLASSIFIER].get("1", {}).get("p50_ms"),
+        "detector_over_its_reference": detector / detector_reference,
+        "load_generator_ceiling_over_ours": record["load_generator"]["images_per_s"] / ours,
+        "echo_over_ours": record["echo"]["images_per_s"] / ours,
+        "answers_agree": all(result["agrees"] for result in record["answers"]),
+    }
+
+
+def run_gpu_lab(settings: GpuLabSettings) -> dict[str, Any]:
+    device = lab_device()
+    work, store = settings.work_dir, settings.work_dir / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    os.environ.pop("TSV_CACHE", None)            # the cache off: every request computed
+    descriptions = load_descriptions(settings.models)
+    record: dict[str, Any] = {"machine": machine(device), "settings": {
+        key: str(value) if isinstance(value, Path) else value
+        for key, value in dataclasses.asdict(settings).items()}}
+    say(f"lab gpu on {record['machine']['device']} (torch {torch.__version__})")
+    jpegs = distinct_jpegs(settings.images)
+    build_models(descriptions, store)
+    record["answers"] = answer_check(store, work, device, settings.precisions)
+    record["in_process"] = in_process(store, work, jpegs, device, settings)
+    record["load_generator"] = load_generator_ceiling(jpegs, work, settings)
+    served_models = [d for d in descriptions if d.start]
+    classifier = next(d for d in served_models if d.name == CLASSIFIER)
+    with lab_server(work, store, descriptions) as (instance, ready_s):
+        client = instance.client(timeout_s=60)
+        record["server_start_to_ready_s"] = ready_s
+        record["echo"] = echo_ceiling(client, store, jpegs, work, settings, classifier.serving.min_workers)
+        record["served"] = {CLASSIFIER: served(client, CLASSIFIER, jpegs, work, settings,
+                                               instance.log_dir / "model_log.log")}
+        record["builtin"] = builtin_sweep(client, store, jpegs, work, settings,
+                                          classifier.serving.batch_size)
+        record["served"][DETECTOR] = served(client, DETECTOR, jpegs, work, settings,
+                                            instance.log_dir / "model_log.log")
+    record["ratios"] = ratios(record, settings.loads)
+    return record
+
+
+def as_text(record: dict[str, Any]) -> str:
+    lines = [f"lab gpu: {record['machine']['device']}, torch {record['machine']['torch']}, "
+             f"torchvision {record['machine']['torchvision']}, {record['machine']['cpus']} CPUs"]
+    for result in record["answers"]:
+        lines.append(f"answers {result['precision']:>4} vs CPU fp32: max change {result['max_change']:.4f} "
+                     f"(bound {result['bound']:g}), top-1 changed {result['top1_changes']}, "
+                     f"outside {len(result['disagreements'])} of {result['images']}")
+    reference = record["in_process"]
+    lines.append("in-process images/s: " + "; ".join(
+        f"{name} " + ", ".join(f"b{batch} {rate:.0f}" for batch, rate in rates.items())
+        for name, rates in reference.items()))
+    ceiling = record["load_generator"]["images_per_s"]
+    lines.append(f"load generator ceiling (trivial responder): {ceiling:.0f}/s")
+    lines.append(f"echo model ({record['echo']['workers']} workers): {record['echo']['images_per_s']:.0f}/s")
+    lines.append(f"workers READY {record['server_start_to_ready_s']:.1f} s after server start")
+    for model, by_load in record["served"].items():
+        for clients, row in by_load.items():
+            lines.append(f"{model} {clients:>3} clients: {row['images_per_s']:.0f} images/s, "
+                         f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, errors {row['errors']}"
+                         + (f"\n    stages {json.dumps(row['stages'])}" if "stages" in row else ""))
+    builtin = record["builtin"]
+    sweep = builtin["sweep_at_most_clients"]
+    lines.append(f"built-in image_classifier: best {builtin['best_workers']} workers; sweep "
+                 + ", ".join(f"{w}: {row['images_per_s']:.0f}" for w, row in sweep.items()))
+    for clients, row in builtin["best"].items():
+        lines.append(f"built-in {clients:>3} clients: {row['images_per_s']:.0f} images/s, "
+                     f"p50 {row['p50_ms']:.1f} ms")
+    lines += [f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}"
+              for name, value in record["ratios"].items()]
+    return "\n".join(lines)
+
+
+def default_work_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "tsv-gpu-lab"

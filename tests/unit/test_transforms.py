@@ -74,3 +74,20 @@ def test_batch_preprocessing_equals_each_image_alone_and_leaves_inputs_untouched
 def test_empty_batch_is_refused():
     with pytest.raises(ValueError, match="at least one image"):
         preprocess_classification_batch([], 256, 224, (0.5,) * 3, (0.5,) * 3, CPU)
+
+
+def test_decoded_images_stack_channels_last_and_crop_as_one_by_one():
+    from torchvision.io import decode_jpeg
+
+    from handlers.task.transforms import resized_crops, stacked
+    from tests.images import encode, textured_rgb
+
+    decoded = [decode_jpeg(torch.frombuffer(bytearray(encode(textured_rgb(90, 120, seed=s), "JPEG")),
+                                            dtype=torch.uint8)) for s in range(3)]
+    batch = stacked(decoded)
+    assert batch.shape == (3, 3, 90, 120) and batch.is_contiguous(memory_format=torch.channels_last)
+    assert all(torch.equal(batch[i], decoded[i]) for i in range(3))
+    mixed = [*decoded, random_image(70, 50, seed=9)]
+    crops = resized_crops(mixed, 72, 64, CPU)
+    for image, crop in zip(mixed, crops, strict=True):
+        assert torch.equal(crop, resize_and_center_crop(image, 72, 64))

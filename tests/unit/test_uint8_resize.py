@@ -71,3 +71,10 @@ def test_each_outputs_weights_fit_int16_and_sum_to_one_in_fixed_point(input_size
         assert 0 <= first < input_size
         assert all(-(1 << 15) <= weight < (1 << 15) for weight in weights)
         assert abs(sum(weights) - unit) <= len(weights)   # each weight rounded by at most 1/2
+
+
+def test_a_channels_last_batch_resizes_as_a_contiguous_one():
+    images = random_images(2, 50, 70, seed=3)
+    pixels_last = images.contiguous(memory_format=torch.channels_last)
+    assert torch.equal(resize_exact(pixels_last, (20, 30)), aten_uint8(images, (20, 30)))
+    assert torch.equal(resize_uint8(pixels_last, (20, 30)), aten_uint8(images, (20, 30)))

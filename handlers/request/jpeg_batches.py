@@ -54,14 +54,23 @@ def _decode_call(encoded: Sequence[bytes], device: torch.device) -> list[torch.T
 
 def decode_jpeg_run(encoded: Sequence[bytes], device: torch.device) -> list[torch.Tensor | None]:
     """`uint8[3, H, W]` stored pixels on `device` per JPEG, one call for the run; None for an
-    image the decoder refuses even alone. Server faults (CUDA out of memory) propagate."""
+    image the decoder refuses even alone. Out of device memory, the run is decoded in halves,
+    down to single images (one that still does not fit is a server fault, raised)."""
     if not encoded:
         return []
     try:
         return list(_decode_call(encoded, device))
     except torch.cuda.OutOfMemoryError:
-        raise
+        if len(encoded) == 1:
+            raise
+        out_of_memory = True
     except RuntimeError:
         if len(encoded) == 1:
             return [None]
+        out_of_memory = False
+    # Retried outside the except blocks, so the failed call's buffers are already released.
+    if out_of_memory:
+        torch.cuda.empty_cache()
+        half = len(encoded) // 2
+        return decode_jpeg_run(encoded[:half], device) + decode_jpeg_run(encoded[half:], device)
     return [decode_jpeg_run([data], device)[0] for data in encoded]

@@ -148,3 +148,26 @@ def test_an_arithmetic_coded_frame_is_left_to_the_cpu():
 def test_the_header_reads_a_jpegs_orientation():
     header = read_header(encode(textured_rgb(20, 30), "JPEG", exif=exif_with_orientation(8)))
     assert (header.orientation, header.width, header.height) == (8, 30, 20)
+
+
+def test_out_of_device_memory_a_run_is_decoded_in_halves_and_a_single_image_is_a_server_fault(monkeypatch):
+    calls: list[int] = []
+    real_call = jpeg_batches._decode_call
+
+    def short_of_memory(encoded, device):
+        calls.append(len(encoded))
+        if len(encoded) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_call(encoded, device)
+
+    monkeypatch.setattr(jpeg_batches, "_decode_call", short_of_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    images = [encode(textured_rgb(40, 50, seed=seed), "JPEG") for seed in range(5)]
+    results = decode_images(images, LIMITS, CPU)
+    assert calls == [5, 2, 3, 1, 2]
+    assert all(torch.equal(decoded(result), decode_image_bytes(data, LIMITS))
+               for data, result in zip(images, results, strict=True))
+    monkeypatch.setattr(jpeg_batches, "_decode_call", lambda encoded, device: (_ for _ in ()).throw(
+        torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")))
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        decode_images(images[:1], LIMITS, CPU)

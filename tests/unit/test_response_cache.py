@@ -114,13 +114,13 @@ def cached_classifier(tiny_classifier, monkeypatch):
     monkeypatch.setattr(tiny_classifier, "cache",
                         CacheStage(ResponseCache(CacheSettings(enabled=True)), "tiny:1.0:test"))
     decoded: list[int] = []
-    original = tiny_classifier.decode
+    original = tiny_classifier.decode_images
 
-    def counting(image_bytes, options):
-        decoded.append(1)
-        return original(image_bytes, options)
+    def counting(encoded):
+        decoded.extend(1 for _ in encoded)
+        return original(encoded)
 
-    monkeypatch.setattr(tiny_classifier, "decode", counting)
+    monkeypatch.setattr(tiny_classifier, "decode_images", counting)
     return tiny_classifier, decoded
 
 

@@ -64,6 +64,7 @@ from handlers.torchserve_context import (
     JSON_CONTENT_TYPE,
     MODEL_VERSION_HEADER,
     TorchServeContext,
+    batching_account,
     frontend_identity,
     header_reader,
     is_describe_request,
@@ -107,6 +108,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         self.model_version = "0"
         self.max_batch_size = 1
         self.log_batches = True
+        self.batching: dict[str, Any] = {}     # how batches are gathered (batching_account)
         self.jpeg_draft_size: int | None = None   # set by `load` where JPEG draft decoding is on
         # What serves each network with compiled packages ("classifier", or a pipeline's stage
         # roles), set by `load`: a package, or eager and why.
@@ -142,6 +144,13 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             continuous = continuous_batching_of(handler_settings, self.max_batch_size)
             self.max_batch_size = continuous.max_batch_size     # what warm-up and batches use
         self.log_batches = parse_log_batches(handler_settings)
+        self.batching = batching_account(context.model_yaml_config)
+        if self.batching["asked"] == "queued" and self.batching["frontend_agent"] is False:
+            logger.warning("batching: the archive asks for queued batching, and this TorchServe "
+                           "runs without the frontend agent: TorchServe's own ContinuousBatching "
+                           "gathers the batches, waiting up to maxBatchDelay for company. Start "
+                           "the server with `torchserve-vision server start`, or add the agent to "
+                           "config.properties' vmargs (README, \"Starting TorchServe by hand\")")
         threads = parse_torch_threads(handler_settings)
         if threads is not None:
             torch.set_num_threads(threads)
@@ -202,7 +211,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         TorchServe frontend it serves (rollout history entries name their server by it), and
         the model's Open Inference Protocol metadata (`v2`: its input and outputs)."""
         return {"device": str(self.device), "precision": self.precision,
-                "max_batch_size": self.max_batch_size, "runner": self.runner,
+                "max_batch_size": self.max_batch_size, "batching": self.batching,
+                "runner": self.runner,
                 "runners": {role: choice.describe() for role, choice in self.runners.items()},
                 "frontend": frontend_identity(),
                 "shadow": self.shadow.describe() if self.shadow is not None else None,

@@ -61,6 +61,42 @@ def frontend_identity() -> dict[str, Any] | None:
     return {"pid": parent.pid, "started": started}
 
 
+AGENT_JAR_PREFIX = "frontend-agent-"   # torchserve_vision.frontend.agent names its jar so
+
+
+def frontend_runs_agent() -> bool | None:
+    """Whether the TorchServe frontend that started this worker loaded the project's frontend
+    agent (a `-javaagent:` option naming its jar on the frontend's command line); None when the
+    command line cannot be read."""
+    try:
+        parent = psutil.Process().parent()
+        arguments = parent.cmdline() if parent is not None else None
+    except psutil.Error:
+        return None
+    if arguments is None:
+        return None
+    return any(argument.startswith("-javaagent:") and AGENT_JAR_PREFIX in argument
+               for argument in arguments)
+
+
+def batching_account(model_yaml_config: dict[str, Any] | None) -> dict[str, Any]:
+    """How this model's batches are gathered: what the archive asks for (`queued`: the YAML's
+    `continuousBatching`, for the frontend agent; else TorchServe's own `delayed`), whether the
+    frontend runs the agent, and so what actually gathers them."""
+    asked = "queued" if (model_yaml_config or {}).get("continuousBatching") else "delayed"
+    agent = frontend_runs_agent()
+    if asked == "delayed":
+        gathered_by = "TorchServe's batch aggregator (waits up to maxBatchDelay)"
+    elif agent:
+        gathered_by = "the frontend agent's queued batching"
+    elif agent is None:
+        gathered_by = "unknown: the frontend's command line could not be read"
+    else:
+        gathered_by = ("TorchServe's own ContinuousBatching (waits up to maxBatchDelay): the frontend "
+                       "agent is not loaded")
+    return {"asked": asked, "frontend_agent": agent, "gathered_by": gathered_by}
+
+
 class TorchServeContext(Protocol):
     """The parts of `ts.context.Context` the handlers use."""
 

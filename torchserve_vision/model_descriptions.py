@@ -28,6 +28,11 @@ class DescriptionError(CommandError, ValueError):
 
 DELAYED, QUEUED = "delayed", "queued"
 BATCHING_POLICIES = (DELAYED, QUEUED)
+# The delay TorchServe is given for a model with queued batching: the frontend agent ignores it;
+# a TorchServe started without the agent batches with it, and 1 ms is the best fixed delay
+# measured (docs/benchmarks.md, "Batching policies"). Never 0: TorchServe 0.12 reads a
+# maxBatchDelay of 0 in config.properties' models= as unset, i.e. its 100 ms default.
+QUEUED_FALLBACK_DELAY_MS = 1
 
 
 @dataclass(frozen=True)
@@ -38,8 +43,9 @@ class ServingSettings:
     `batching`: how the frontend gathers a batch. `queued` (the default) takes what is queued
     when a worker is free and never waits: the frontend agent's (torchserve_vision/frontend),
     switched on by the archive's YAML, so it is fixed per archive; its `max_batch_delay_ms` is
-    always 0 (whatever was given: the delay is unused). `delayed` is TorchServe's own: the first
-    request, then up to `max_batch_delay_ms` of waiting for more.
+    always QUEUED_FALLBACK_DELAY_MS (whatever was given: the agent does not wait; it is what
+    TorchServe's own batching uses where the agent is missing). `delayed` is TorchServe's own:
+    the first request, then up to `max_batch_delay_ms` of waiting for more.
 
     `deadline_ms`: a request that waited longer in the queue is answered 504 and never computed
     (0: no deadline); a client's X-Request-Timeout-Ms header shortens it for its request. The
@@ -69,14 +75,14 @@ class ServingSettings:
             raise DescriptionError("serving.deadline_ms needs batching: queued (TorchServe's own "
                                    "batching drops an expired request without answering it)")
         if self.batching == QUEUED:
-            object.__setattr__(self, "max_batch_delay_ms", 0)
+            object.__setattr__(self, "max_batch_delay_ms", QUEUED_FALLBACK_DELAY_MS)
 
     @classmethod
     def of_version(cls, description: dict[str, Any]) -> ServingSettings:
         """The settings of a version as TorchServe's `describe` reports them (with queued
-        batching, TorchServe reports its 100 ms default for the delay of 0 that
-        config.properties gave: read as 0, like any delay of queued batching). A deadline is
-        read only where queued batching answers it."""
+        batching, any delay reads as QUEUED_FALLBACK_DELAY_MS: a server started from an older
+        config.properties reports 100 ms for the 0 it gave). A deadline is read only where
+        queued batching answers it."""
         queued = bool(description.get("continuousBatching"))
         return cls(description["batchSize"], description["maxBatchDelay"],
                    description["minWorkers"], description["maxWorkers"],

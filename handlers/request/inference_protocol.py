@@ -22,9 +22,10 @@ n, as Triton's are for a model that batches (shape [1]: outputs [1, k]). Outputs
 differ from image to image (a detector's boxes) are padded to the largest (BYTES "", numbers 0,
 ids -1) and come with `<name>_shapes` (INT64 [n, rank]): each image's own shape. A UINT8 input
 is one encoded image and is answered without that dimension. Request `parameters` are the
-request's options (but for `timeout`, microseconds: the time the client gives the request, kept
-as its deadline), as the JSON fields of a `/predictions` request (`top_k` for a classifier;
-`score_threshold`, `iou_threshold`, `max_detections`, `classes` for a detector). The answer:
+request's options (but for `timeout`, microseconds: the time the client gives the request, its
+deadline, which the frontend agent enforces as it does X-Request-Timeout-Ms), as the JSON fields
+of a `/predictions` request (`top_k` for a classifier; `score_threshold`, `iou_threshold`,
+`max_detections`, `classes` for a detector). The answer:
 
     {"model_name": ..., "model_version": ..., "id": "42",
      "outputs": [{"name": "labels", "shape": [1, 3], "datatype": "BYTES", "data": [...]}, ...]}
@@ -52,7 +53,10 @@ PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "binary_data_size", "time
 class V2Request:
     """What the answer needs from a v2 request: its id (None when it sent none), and its
     `timeout` parameter (microseconds, as tritonclient sends it) in seconds: how long the client
-    gives the request (None: not said, or 0), for the server to honour as its deadline."""
+    gives the request (None: not said, or 0). The frontend agent reads the same parameter from
+    the body and enforces it as the request's deadline before the request reaches a worker
+    (torchserve_vision/frontend/ContinuousBatching.java); here it is only checked, so that a
+    malformed one is a 400."""
 
     id: str | None
     timeout_s: float | None = None

@@ -21,6 +21,7 @@ from tests.server.http_client import concurrently
 from tests.server.test_triton_client import image_input, labels
 from torchserve_vision import paths
 from torchserve_vision.lab.pods import Pod
+from torchserve_vision.prometheus_text import scrape, total
 from torchserve_vision.torchserve_config import free_ports, server_config
 
 pytestmark = pytest.mark.server
@@ -184,6 +185,36 @@ def test_a_grpc_calls_deadline_travels_as_the_requests_deadline(grpc_client, grp
                           headers={**grpc_key, "x-request-timeout-ms": "soon"})
     assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "X-Request-Timeout-Ms" in refused.value.message()
+
+
+AN_HOUR_US = 3_600_000_000
+
+
+def expired_requests(pod: Pod) -> float:
+    return total(scrape(pod.instance.metrics_url), "ts_requests_expired_total", model_name=CLASSIFIER)
+
+
+def test_a_v2_timeout_parameter_is_the_requests_deadline_over_http_and_grpc(
+        fronted_pod, client, key, grpc_client, grpc_key):
+    """tritonclient's `timeout` (microseconds, in the request's parameters) is the request's
+    deadline, by the rule of X-Request-Timeout-Ms (the frontend agent reads it from the body):
+    once the one worker has run a batch, its recent batch time is over 1 ms, so 1 us (1 ms,
+    rounded up) cannot be met: 504 (gRPC: DEADLINE_EXCEEDED), counted as expired, never
+    computed; an hour is answered."""
+    photo = photo_bytes("chelsea.png")
+    answered = client.infer(CLASSIFIER, [image_input(photo, "BYTES", True)], headers=key,
+                            timeout=AN_HOUR_US)
+    assert labels(answered)[0] in CAT_LABELS
+    before = expired_requests(fronted_pod)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer(CLASSIFIER, [image_input(photo, "BYTES", True)], headers=key, timeout=1)
+    assert refused.value.status() == "504" and "deadline" in refused.value.message()
+    over_grpc = grpc_client.infer(CLASSIFIER, [grpc_image(photo)], headers=grpc_key, timeout=AN_HOUR_US)
+    assert over_grpc.as_numpy("labels").reshape(-1)[0].decode() in CAT_LABELS
+    with pytest.raises(InferenceServerException) as refused_grpc:
+        grpc_client.infer(CLASSIFIER, [grpc_image(photo)], headers=grpc_key, timeout=1)
+    assert refused_grpc.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert expired_requests(fronted_pod) == before + 2
 
 
 def test_grpc_several_images_and_asked_outputs_of_the_detector(grpc_client, grpc_key):

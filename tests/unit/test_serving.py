@@ -12,11 +12,12 @@ import pytest
 import torch
 from torch import nn
 
+from handlers import torchserve_context
 from handlers.batch_metrics import emit_batch_metrics
 from handlers.batch_record import BatchRecord
 from handlers.image_classifier import ImageClassifierHandler
 from tests.answers import assert_same_answer
-from tests.archives import archive_context
+from tests.archives import archive_context, process_threads_kept
 from tests.images import photo_bytes
 from tests.recording_metrics import RecordingMetrics
 from torchserve_vision.lab.local_handler import LocalContext
@@ -122,3 +123,45 @@ def test_request_headers_are_read_in_any_case(tiny_classifier):
     assert [len(answer) for answer in served] == [2, 2, 2]
     for answer in served[1:]:    # one image; batch positions may sum in another order (AVX2 GEMM)
         assert_same_answer(answer, served[0])
+
+
+class FakeProcess:
+    """psutil.Process() of a worker whose parent (the frontend) ran `cmdline`."""
+
+    def __init__(self, cmdline: list[str]) -> None:
+        self.arguments = cmdline
+
+    def parent(self) -> FakeProcess:
+        return self
+
+    def cmdline(self) -> list[str]:
+        return self.arguments
+
+    pid = 1
+
+    def create_time(self) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize(("queued", "frontend", "agent", "says"), [
+    (True, ["java", "-javaagent:/x/build/frontend-agent-0123abcd.jar", "-cp", "m.jar"], True, "agent's"),
+    (True, ["java", "-cp", "model-server.jar"], False, "not loaded"),
+    (True, ["java", "-javaagent:/opt/other-agent.jar"], False, "not loaded"),
+    (False, ["java", "-cp", "model-server.jar"], False, "TorchServe's batch aggregator"),
+])
+def test_a_worker_says_how_its_batches_are_gathered(queued, frontend, agent, says, monkeypatch):
+    monkeypatch.setattr(torchserve_context.psutil, "Process", lambda: FakeProcess(frontend))
+    account = torchserve_context.batching_account({"continuousBatching": True} if queued else {})
+    assert account["asked"] == ("queued" if queued else "delayed")
+    assert account["frontend_agent"] is agent and says in account["gathered_by"]
+
+
+def test_queued_batching_without_the_agent_is_logged_and_described(tiny_classifier, monkeypatch, caplog):
+    monkeypatch.setattr(torchserve_context.psutil, "Process", lambda: FakeProcess(["java", "-cp", "m.jar"]))
+    context = archive_context(tiny_classifier.model_dir)
+    context.model_yaml_config = {**(context.model_yaml_config or {}), "continuousBatching": True}
+    handler = type(tiny_classifier)()
+    with caplog.at_level(logging.WARNING, logger="handlers.serving"), process_threads_kept():
+        handler.initialize(context)
+    assert any("without the frontend agent" in record.getMessage() for record in caplog.records)
+    assert handler.describe()["batching"]["frontend_agent"] is False

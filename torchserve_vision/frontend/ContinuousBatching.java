@@ -14,8 +14,10 @@
  * late) is answered 504, as JSON, when a worker next gathers (every queued request is checked
  * then, not only those taken), and never reaches the worker; once in a batch it gets its answer
  * whatever the time. Its deadline is its X-Request-Timeout-Ms header (milliseconds, a positive
- * integer; anything else is a 400 for that request alone), capped by the model's
- * clientTimeoutInMills (the archive's YAML; 0: none), or that alone. While the queue holds more
+ * integer; anything else is a 400 for that request alone), or else, for an Open Inference
+ * Protocol request, its `timeout` parameter (microseconds, as tritonclient sends it, rounded up
+ * to whole ms; 0: none; a malformed one is left to the handler, which refuses it), capped by the
+ * model's clientTimeoutInMills (the archive's YAML; 0: none), or that alone. While the queue holds more
  * than the workers can answer before the oldest request's deadline (at the recent batch time),
  * batches take the newest requests first (adaptive LIFO): taken in arrival order, every request
  * computed under overload would have waited nearly its deadline and many answers would come just
@@ -42,6 +44,11 @@
  */
 package org.pytorch.serve.wlm;
 
+import com.google.gson.stream.JsonReader;
+import com.google.gson.stream.JsonToken;
+import java.io.ByteArrayInputStream;
+import java.io.IOException;
+import java.io.InputStreamReader;
 import java.lang.reflect.Field;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -51,6 +58,7 @@ import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
+import java.util.WeakHashMap;
 import java.util.concurrent.LinkedBlockingDeque;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
@@ -60,6 +68,7 @@ import org.pytorch.serve.job.Job;
 import org.pytorch.serve.metrics.IMetric;
 import org.pytorch.serve.metrics.MetricBuilder;
 import org.pytorch.serve.util.ConfigManager;
+import org.pytorch.serve.util.messages.InputParameter;
 import org.pytorch.serve.util.messages.ModelWorkerResponse;
 import org.pytorch.serve.util.messages.Predictions;
 import org.pytorch.serve.util.messages.WorkerCommands;
@@ -73,6 +82,7 @@ public class ContinuousBatching extends BatchAggregator {
     static final int SHED_STATUS = 503;
     static final String DEADLINE_HEADER = "X-Request-Timeout-Ms";
     static final String PRIORITY_HEADER = "X-Request-Priority";
+    static final String V2_JSON_LENGTH_HEADER = "Inference-Header-Content-Length";
     static final String EXPIRED_METRIC = "ts_requests_expired_total";
     static final String SHED_METRIC = "ts_requests_shed_for_priority_total";
     // How long after the last high-priority request room is still kept for the next.
@@ -94,6 +104,8 @@ public class ContinuousBatching extends BatchAggregator {
     private long batchStartNs;          // the running batch's start; 0 when none runs
     private double recentBatchMs;       // moving average of this worker's batch times
     private long lastHighNs;            // when a high-priority request was last seen queued
+    // Each queued request's v2 `timeout` parameter in ms (0: none), read once from its body.
+    private final Map<Job, Long> v2TimeoutsMs = Collections.synchronizedMap(new WeakHashMap<>());
 
     public ContinuousBatching(Model model) {
         super(model);
@@ -285,7 +297,11 @@ public class ContinuousBatching extends BatchAggregator {
     private long timeoutMs(Job job) {
         String value = header(job, DEADLINE_HEADER);
         if (value == null) {
-            return modelTimeoutMs;
+            long v2Ms = v2TimeoutsMs.computeIfAbsent(job, ContinuousBatching::v2TimeoutMs);
+            if (v2Ms == 0) {
+                return modelTimeoutMs;
+            }
+            return modelTimeoutMs > 0 ? Math.min(v2Ms, modelTimeoutMs) : v2Ms;
         }
         long requested;
         try {
@@ -314,6 +330,78 @@ public class ContinuousBatching extends BatchAggregator {
                 + value + "'");
     }
 
+    /** The `timeout` parameter of an Open Inference Protocol request (a JSON body with
+     * `inputs`, or the JSON head of the binary extension's body) in ms, rounded up; 0 when the
+     * request is not one, gives none, or gives one that is not a whole number >= 0 (the
+     * handler refuses that request with a 400). */
+    static long v2TimeoutMs(Job job) {
+        byte[] body = null;
+        for (InputParameter parameter : job.getPayload().getParameters()) {
+            if ("body".equals(parameter.getName())) {
+                body = parameter.getValue();
+            }
+        }
+        if (body == null) {
+            return 0;
+        }
+        int length = body.length;
+        String jsonLength = header(job, V2_JSON_LENGTH_HEADER);
+        if (jsonLength != null) {
+            try {
+                length = Math.min(Integer.parseInt(jsonLength), body.length);
+            } catch (NumberFormatException e) {
+                return 0;
+            }
+        }
+        return v2TimeoutMs(body, length);
+    }
+
+    /** `v2TimeoutMs` of the first `length` bytes of a body. */
+    static long v2TimeoutMs(byte[] body, int length) {
+        int start = 0;
+        while (start < length && Character.isWhitespace(body[start])) {
+            start++;
+        }
+        if (start == length || body[start] != '{') {
+            return 0;
+        }
+        long timeoutUs = 0;
+        boolean inputs = false;
+        try (JsonReader reader = new JsonReader(new InputStreamReader(
+                new ByteArrayInputStream(body, start, length - start), StandardCharsets.UTF_8))) {
+            reader.beginObject();
+            while (reader.hasNext()) {
+                String name = reader.nextName();
+                if ("inputs".equals(name)) {
+                    inputs = true;
+                    reader.skipValue();
+                } else if ("parameters".equals(name) && reader.peek() == JsonToken.BEGIN_OBJECT) {
+                    timeoutUs = timeoutParameterUs(reader);
+                } else {
+                    reader.skipValue();
+                }
+            }
+        } catch (IOException | IllegalStateException | NumberFormatException e) {
+            return 0;
+        }
+        return inputs && timeoutUs > 0 ? (timeoutUs + 999) / 1000 : 0;
+    }
+
+    private static long timeoutParameterUs(JsonReader reader) throws IOException {
+        long timeoutUs = 0;
+        reader.beginObject();
+        while (reader.hasNext()) {
+            if ("timeout".equals(reader.nextName()) && reader.peek() == JsonToken.NUMBER) {
+                String number = reader.nextString();
+                timeoutUs = number.chars().allMatch(Character::isDigit) ? Long.parseLong(number) : 0;
+            } else {
+                reader.skipValue();
+            }
+        }
+        reader.endObject();
+        return timeoutUs;
+    }
+
     /** A request header's trimmed value (names compared without case); null when absent. */
     private static String header(Job job, String name) {
         String value = null;
@@ -325,7 +413,8 @@ public class ContinuousBatching extends BatchAggregator {
         return value;
     }
 
-    /** A JSON error for one request, shaped like the handlers' ({"code", "type", "message"}):
+    /** A JSON error for one request, shaped like the handlers' ({"code", "type", "message"}),
+     * with the message as the Open Inference Protocol's `error` too (what tritonclient reads):
      * HTTP status, headers and body, or for a gRPC client that status's gRPC error. The request
      * is marked scheduled first: TorchServe adds its queue time to ts_queue_latency_microseconds
      * when it is answered (unmarked, it would add minus its arrival time). */
@@ -336,8 +425,9 @@ public class ContinuousBatching extends BatchAggregator {
             job.sendError(status, message);
             return;
         }
-        String body = "{\"code\": " + status + ", \"type\": \"" + type + "\", \"message\": \""
-                + message.replace("\\", "\\\\").replace("\"", "\\\"") + "\"}";
+        String quoted = "\"" + message.replace("\\", "\\\\").replace("\"", "\\\"") + "\"";
+        String body = "{\"code\": " + status + ", \"type\": \"" + type + "\", \"message\": "
+                + quoted + ", \"error\": " + quoted + "}";
         job.response(body.getBytes(StandardCharsets.UTF_8), "application/json", status, null,
                 headers);
     }

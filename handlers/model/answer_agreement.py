@@ -36,7 +36,7 @@ PROBABILITY_BOUNDS = {"fp32": 1e-3, "tf32": 0.02, "fp16": 0.02, "bf16": 0.15, "i
 # What serving on another device may add to an answer of the same archive, beyond its precision's
 # rounding: decoders that are not bit-for-bit the same (nvJPEG's IDCT and chroma upsampling
 # against libjpeg-turbo's); resize, crop and normalisation are the same arithmetic on every
-# device (handlers.task.uint8_resize). docs/precision.md, "CPU and GPU", has the measurements.
+# device (handlers.task.fixed_point_resize). docs/precision.md, "CPU and GPU", has the measurements.
 DEVICE_BOUND = 0.02
 
 # (class index, probability), best first: the top k of one answer.

@@ -13,7 +13,7 @@ import torch
 from torchvision.ops import clip_boxes_to_image
 from torchvision.transforms.v2 import functional as F
 
-from handlers.task.uint8_resize import resize_uint8
+from handlers.task.fixed_point_resize import resize_uint8
 
 
 @dataclass(frozen=True)

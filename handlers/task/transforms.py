@@ -2,7 +2,7 @@
 
 Images of a batch differ in size: those of one size are resized and cropped together (one
 tensor operation per size, with the same uint8 arithmetic on every device:
-handlers.task.uint8_resize); the crops are then normalized as one batch.
+handlers.task.fixed_point_resize); the crops are then normalized as one batch.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from handlers.task.uint8_resize import resize_uint8
+from handlers.task.fixed_point_resize import resize_uint8
 
 
 def resized_size_hw(size_hw: tuple[int, int], short_side: int) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from handlers.errors import ClientError
 from handlers.model.settings import ImageLimits
 from handlers.request.decode import decode_images
-from handlers.task.uint8_resize import resize_exact
+from handlers.task.fixed_point_resize import resize_exact
 from tests.answers import default_classifier
 from tests.archives import stage_model_dir
 from tests.images import (

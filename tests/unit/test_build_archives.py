@@ -35,6 +35,7 @@ from torchserve_vision.archives.drift_reference import REFERENCE_REQUESTS
 from torchserve_vision.archives.fixed_seed_weights import calibrated_classifier
 from torchserve_vision.cli import main as command
 from torchserve_vision.model_descriptions import (
+    QUEUED_FALLBACK_DELAY_MS,
     DescriptionError,
     ServingSettings,
     load_descriptions,
@@ -400,7 +401,9 @@ def test_queued_batching_is_switched_on_in_the_archive_and_read_back_from_descri
     described = {"batchSize": 8, "maxBatchDelay": 100, "minWorkers": 2, "maxWorkers": 2,
                  "responseTimeout": 60, "startupTimeout": 120}
     queued_version = ServingSettings.of_version({**described, "continuousBatching": True})
-    assert (queued_version.batching, queued_version.max_batch_delay_ms) == ("queued", 0)
+    # Queued: whatever delay TorchServe reports reads as the fallback it is given (1 ms).
+    assert queued_version.batching == "queued"
+    assert queued_version.max_batch_delay_ms == QUEUED_FALLBACK_DELAY_MS
     delayed_version = ServingSettings.of_version({**described, "continuousBatching": False})
     assert (delayed_version.batching, delayed_version.max_batch_delay_ms) == ("delayed", 100)
 

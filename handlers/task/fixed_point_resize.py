@@ -9,7 +9,7 @@ antialiased kernel, and torchvision resizes in float and rounds: outputs one lev
 the CPU's, which moved EfficientNet-Lite0's probabilities by up to 0.045 on the project's photos
 (docs/precision.md). Here the CPU keeps ATen's kernel (vectorised) and every other device runs
 `resize_exact`: the same integer arithmetic as tensor operations (int32 gathers and sums, which
-are exact on any device), bit for bit equal to the CPU's (tests/unit/test_uint8_resize.py).
+are exact on any device), bit for bit equal to the CPU's (tests/unit/test_fixed_point_resize.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from handlers.task.uint8_resize import axis_taps, resize_exact, resize_uint8
+from handlers.task.fixed_point_resize import axis_taps, resize_exact, resize_uint8
 
 
 def aten_uint8(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor:

@@ -17,8 +17,13 @@ from tests.images import CAT_LABELS, photo_bytes
 from tests.server.logs import log_lines
 from torchserve_vision import paths
 from torchserve_vision.model_descriptions import QUEUED_FALLBACK_DELAY_MS
-from torchserve_vision.rollout import wait_for_workers
-from torchserve_vision.server_process import TorchServeInstance, instance_for, stop, torchserve_command
+from torchserve_vision.server_process import (
+    TorchServeInstance,
+    instance_for,
+    stop,
+    torchserve_command,
+    wait_until_healthy,
+)
 from torchserve_vision.torchserve_config import server_config
 
 pytestmark = pytest.mark.server
@@ -39,7 +44,7 @@ def plain_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) ->
                        cwd=run_dir, env=instance.environment(), stdout=output, stderr=subprocess.STDOUT,
                        check=True)
     try:
-        wait_for_workers(instance.client(), MODEL, "1.0", 2, 240)
+        wait_until_healthy(instance, 240, expected_models=1)     # every worker READY
         yield instance
     finally:
         stop(instance)

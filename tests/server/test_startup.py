@@ -123,7 +123,9 @@ def test_every_archive_serves_the_first_runner_of_its_order_on_this_cpu(server, 
     """Every model of config/models.yaml, registered from the store (one worker each, the ones
     the server did not start), tells through TorchServe's describe API which runner each of its
     networks uses: the first of its order for the CPU at hand, nothing refused."""
-    client = server.client()
+    # TorchServe answers a register call once it has read the archive: the cascade's (two
+    # classifiers inside) took over the default 5 s on 2 cores busy loading the workers before it.
+    client = server.client(timeout_s=120)
     descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
     registered = []
     try:

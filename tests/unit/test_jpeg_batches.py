@@ -76,7 +76,9 @@ def test_every_image_of_a_mixed_batch_gets_what_it_gets_alone():
     assert decoded(outcome["rotated"]).shape == (3, 80, 60)
 
 
-def test_a_failed_batched_call_is_retried_image_by_image_and_only_the_bad_one_fails(monkeypatch):
+@pytest.fixture
+def decode_calls(monkeypatch) -> list[int]:
+    """The size of every batched decode call made, in order (the real calls are made)."""
     calls: list[int] = []
     real_call = jpeg_batches._decode_call
 
@@ -85,6 +87,11 @@ def test_a_failed_batched_call_is_retried_image_by_image_and_only_the_bad_one_fa
         return real_call(encoded, device)
 
     monkeypatch.setattr(jpeg_batches, "_decode_call", counting_call)
+    return calls
+
+
+def test_a_failed_batched_call_is_retried_image_by_image_and_only_the_bad_one_fails(decode_calls):
+    calls = decode_calls
     good = [encode(textured_rgb(40, 50, seed=seed), "JPEG") for seed in range(3)]
     bad = jpeg_with_broken_huffman_table(good[0])
     results = decode_images([good[0], bad, good[1], good[2]], LIMITS, CPU)
@@ -95,15 +102,8 @@ def test_a_failed_batched_call_is_retried_image_by_image_and_only_the_bad_one_fa
         assert torch.equal(decoded(result), decode_image_bytes(data, LIMITS))
 
 
-def test_the_decoded_pixels_of_one_call_are_bounded(monkeypatch):
-    calls: list[int] = []
-    real_call = jpeg_batches._decode_call
-
-    def counting_call(encoded, device):
-        calls.append(len(encoded))
-        return real_call(encoded, device)
-
-    monkeypatch.setattr(jpeg_batches, "_decode_call", counting_call)
+def test_the_decoded_pixels_of_one_call_are_bounded(decode_calls):
+    calls = decode_calls
     images = [encode(textured_rgb(40, 50, seed=seed), "JPEG") for seed in range(5)]
     bounded = ImageLimits(max_pixels=4_000_000, max_decode_pixels_per_call=2 * 40 * 50)
     results = decode_images(images, bounded, CPU)

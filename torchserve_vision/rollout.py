@@ -175,15 +175,18 @@ UNREGISTER_ATTEMPTS = 5
 
 
 def unregister_retrying(client: TorchServeClient, model: str, version: str,
-                        interval_s: float = 1.0) -> None:
-    """Unregister, retrying a server error a few times: TorchServe 0.12 answers 500
-    (ConcurrentModificationException) now and then when a version is unregistered while a
-    worker of it is still loading; a second try a moment later goes through."""
+                        interval_s: float = 1.0) -> Any:
+    """Unregister, retrying a server error a few times; the server's answer. TorchServe 0.12
+    answers 500 (ConcurrentModificationException) now and then when a version is unregistered
+    while a worker of it is still loading, or while its workers are being stopped after a
+    request; a second try a moment later goes through. Every unregister the commands make goes
+    through here."""
     failures: list[ManagementError] = []
+    answers: list[Any] = []
 
     def unregistered() -> bool:
         try:
-            client.unregister(model, version)
+            answers.append(client.unregister(model, version))
         except ManagementError as error:
             if error.status < 500 or len(failures) + 1 >= UNREGISTER_ATTEMPTS:
                 raise
@@ -192,6 +195,7 @@ def unregister_retrying(client: TorchServeClient, model: str, version: str,
         return True
 
     wait_until(unregistered, 60.0, f"{model} {version} to be unregistered", interval_s=interval_s)
+    return answers[-1]
 
 
 def undo(client: TorchServeClient, model: str, new_version: str, old_version: str | None,
@@ -358,7 +362,7 @@ def retire_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | N
     if not any(v["modelVersion"] == old_version for v in versions_of(client, plan.model)):
         return
     wait_for_drain(client, plan.model, old_version, plan.drain_timeout_s, plan.drain_grace_s)
-    client.unregister(plan.model, old_version)
+    unregister_retrying(client, plan.model, old_version)
     log(f"unregistered {plan.model} {old_version}")
 
 

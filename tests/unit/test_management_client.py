@@ -92,17 +92,19 @@ class FlakyUnregister:
     def __init__(self, statuses: list[int]) -> None:
         self.statuses, self.calls = list(statuses), 0
 
-    def unregister(self, model: str, version: str) -> None:
+    def unregister(self, model: str, version: str) -> dict[str, str]:
         self.calls += 1
         if self.statuses:
             raise ManagementError(self.statuses.pop(0), "ConcurrentModificationException",
                                   f"DELETE /models/{model}/{version}")
+        return {"status": f"Model \"{model}\" version: {version} unregistered"}
 
 
 def test_unregister_retries_a_server_error_but_not_a_client_error():
     flaky = FlakyUnregister([500, 500])
-    unregister_retrying(flaky, "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
+    answer = unregister_retrying(flaky, "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
     assert flaky.calls == 3
+    assert answer == {"status": 'Model "m" version: 2.0 unregistered'}
     with pytest.raises(ManagementError, match="-> 404"):
         unregister_retrying(FlakyUnregister([404]), "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
     always = FlakyUnregister([500] * 10)

@@ -53,6 +53,7 @@ from torchserve_vision.rollout import (
     rollback,
     rollout,
     scale,
+    unregister_retrying,
     wait_for_workers,
 )
 from torchserve_vision.rollout_history import (
@@ -234,7 +235,7 @@ def command_set_default(client: TorchServeClient, args: argparse.Namespace) -> N
 
 
 def command_unregister(client: TorchServeClient, args: argparse.Namespace) -> None:
-    say(client.unregister(args.model, args.version))
+    say(unregister_retrying(client, args.model, args.version))
 
 
 def planned_batching(args: argparse.Namespace, archive: str, base: ServingSettings) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.client import TorchServeClient
+from torchserve_vision.rollout import unregister_retrying
 from torchserve_vision.server_process import (
     TorchServeInstance,
     instance_for,
@@ -64,7 +65,7 @@ def new_version_s(client: TorchServeClient, model: str, store: Path) -> float:
                    f"a READY worker of {model} startup-check")
         return time.monotonic() - started
     finally:
-        client.unregister(model, "startup-check")
+        unregister_retrying(client, model, "startup-check")
         (store / archive).unlink()
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -117,8 +118,10 @@ def decode_with_pillow(data: bytes, header: ImageHeader, limits: ImageLimits,
             image.draft("RGB", draft_size_wh)
         rgb = _pillow_to_rgb(ImageOps.exif_transpose(image))
     # Pillow's plugins raise more than OSError on corrupted files: e.g. TypeError("Missing
-    # dimensions") from a TIFF whose later frame lacks its size tags (found by the property tests).
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError, TypeError) as error:
+    # dimensions") from a TIFF whose later frame lacks its size tags, struct.error from a GIF
+    # whose later frame header is cut short (both found by the property tests).
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError, TypeError,
+            struct.error) as error:
         raise ClientError(
             400, "UndecodableImage", f"the {header.image_format} image could not be decoded: {error}"
         ) from None

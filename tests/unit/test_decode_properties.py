@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from handlers.errors import ClientError
 from handlers.model.settings import ImageLimits
@@ -108,3 +109,15 @@ def test_random_form_rows(row):
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_the_samples_themselves_decode(name):
     assert decode_image_bytes(SAMPLES[name], LIMITS).shape[0] == 3
+
+
+@pytest.mark.parametrize("kept", [1, 2, 3])
+def test_a_gif_whose_second_frame_header_is_cut_short_is_a_client_error(kept):
+    """Found by test_images_with_bytes_spliced_in: Pillow's GIF plugin counts frames by reading
+    each frame's header and raised struct.error (a 500) on one cut short after `kept` bytes."""
+    frames = [Image.new("RGB", (8, 8), (red, 0, 0)) for red in (0, 50)]  # no 0x2C in the palette
+    gif = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
+    second_frame = gif.rindex(b",")  # the second frame's image separator
+    with pytest.raises(ClientError, match="could not be decoded") as raised:
+        decode_image_bytes(gif[:second_frame + kept] + b";", LIMITS)
+    assert raised.value.status == 400

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -29,16 +30,16 @@ def test_own_lines_carry_an_iso_time_with_its_offset():
 
 
 def test_the_relay_copies_each_line_to_standard_output_as_json(capfd: pytest.CaptureFixture[str]):
+    before = set(threading.enumerate())
     write_end = json_line_relay()
+    (relay,) = [thread for thread in set(threading.enumerate()) - before
+                if thread.name == "json-log-relay"]
     os.write(write_end, b'plain text\n{"log":"ts","message":"m"}\n\nlast without newline')
     os.close(write_end)
-    output: list[str] = []
-
-    def relayed() -> bool:
-        output.append(capfd.readouterr().out)    # a read may end inside a line: joined below
-        return "".join(output).count("\n") >= 3
-    wait_until(relayed, 10, "the relayed lines")
-    lines = "".join(output).splitlines()
+    # The relay ends once every writer has closed the pipe; the output is read once after it
+    # (reading capfd while the relay writes can lose a line between pytest's read and truncate).
+    wait_until(lambda: not relay.is_alive(), 10, "the relay to copy the lines and end")
+    lines = capfd.readouterr().out.splitlines()
     assert [json.loads(line)["message"] for line in lines] == ["plain text", "m", "last without newline"]
 
 

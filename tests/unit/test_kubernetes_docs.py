@@ -8,6 +8,8 @@ program the checks do not know fails the test, so nothing on the page goes unche
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import shlex
 import shutil
@@ -79,8 +81,15 @@ class Cluster:
     forwarded_ports: set[int] = field(default_factory=set)
 
 
-def manifests() -> dict[str, list[dict[str, Any]]]:
+@functools.cache
+def rendered_once() -> dict[str, list[dict[str, Any]]]:
     return {name: rendered(name) for name in OVERLAYS}
+
+
+def manifests() -> dict[str, list[dict[str, Any]]]:
+    """Every overlay's resources, rendered by kubectl once per test process (a second each); each
+    checker gets its own copy."""
+    return copy.deepcopy(rendered_once())
 
 
 class DocChecker:

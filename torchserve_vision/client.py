@@ -12,7 +12,8 @@ rollouts and the lab use it; the load generator takes its keys from it).
   unanswered meanwhile). Callers poll `describe` for READY workers instead (see rollout.py).
 - `dry_run`: calls that change the server are printed instead of sent; reads still run, so a dry
   run shows exactly the changes it would make to the server as it is.
-- Any non-2xx answer raises ManagementError carrying the server's own message.
+- Any non-2xx answer raises ManagementError carrying the server's own message; an unregister
+  that gets a server error is tried again a few times first (TorchServe 0.12's passing 500).
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class TorchServeClient:
     dry_run: bool = False
     attempts: int = 4
     timeout_s: float = 60.0
+    unregister_attempts: int = 5
+    unregister_retry_s: float = 1.0
     session: requests.Session = field(default_factory=requests.Session)
 
     @classmethod
@@ -181,7 +184,18 @@ class TorchServeClient:
         return self.call("PUT", f"/models/{model}/{version}/set-default")
 
     def unregister(self, model: str, version: str) -> Any:
-        return self.call("DELETE", f"/models/{model}/{version}")
+        """Unregister, trying a server error again (up to `unregister_attempts` calls,
+        `unregister_retry_s` apart): TorchServe 0.12 answers 500 (ConcurrentModificationException)
+        now and then when a version is unregistered while a worker of it is still loading, or
+        while its workers are being stopped after a request; a try a moment later goes through."""
+        for attempt in range(1, self.unregister_attempts + 1):
+            try:
+                return self.call("DELETE", f"/models/{model}/{version}")
+            except ManagementError as error:
+                if error.status < 500 or attempt == self.unregister_attempts:
+                    raise
+                time.sleep(self.unregister_retry_s)
+        raise AssertionError("unreachable")
 
     # --- the inference API -------------------------------------------------------------------
     def prediction_url(self, model: str, version: str | None = None) -> str:

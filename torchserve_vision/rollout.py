@@ -171,33 +171,6 @@ def interrupts_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-UNREGISTER_ATTEMPTS = 5
-
-
-def unregister_retrying(client: TorchServeClient, model: str, version: str,
-                        interval_s: float = 1.0) -> Any:
-    """Unregister, retrying a server error a few times; the server's answer. TorchServe 0.12
-    answers 500 (ConcurrentModificationException) now and then when a version is unregistered
-    while a worker of it is still loading, or while its workers are being stopped after a
-    request; a second try a moment later goes through. Every unregister the commands make goes
-    through here."""
-    failures: list[ManagementError] = []
-    answers: list[Any] = []
-
-    def unregistered() -> bool:
-        try:
-            answers.append(client.unregister(model, version))
-        except ManagementError as error:
-            if error.status < 500 or len(failures) + 1 >= UNREGISTER_ATTEMPTS:
-                raise
-            failures.append(error)
-            return False
-        return True
-
-    wait_until(unregistered, 60.0, f"{model} {version} to be unregistered", interval_s=interval_s)
-    return answers[-1]
-
-
 def undo(client: TorchServeClient, model: str, new_version: str, old_version: str | None,
          log: Log) -> list[str]:
     """Put the old version back as default and remove the new one if it got registered, as far
@@ -210,7 +183,7 @@ def undo(client: TorchServeClient, model: str, new_version: str, old_version: st
                 client.set_default(model, old_version)
                 log(f"restored {model} {old_version} as default")
             if any(v["modelVersion"] == new_version for v in versions_of(client, model)):
-                unregister_retrying(client, model, new_version)
+                client.unregister(model, new_version)
                 log(f"unregistered {model} {new_version}")
         except ManagementError as error:
             problems.append(str(error))
@@ -362,7 +335,7 @@ def retire_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | N
     if not any(v["modelVersion"] == old_version for v in versions_of(client, plan.model)):
         return
     wait_for_drain(client, plan.model, old_version, plan.drain_timeout_s, plan.drain_grace_s)
-    unregister_retrying(client, plan.model, old_version)
+    client.unregister(plan.model, old_version)
     log(f"unregistered {plan.model} {old_version}")
 
 
@@ -537,7 +510,7 @@ def abort(client: TorchServeClient, model: str, journal: Journal, store: Path,
         if new in registered and new != old:
             wait_for_drain(client, model, new, plan_template.drain_timeout_s,
                            plan_template.drain_grace_s)
-            unregister_retrying(client, model, new)
+            client.unregister(model, new)
             log(f"unregistered {model} {new}")
     elif pending.from_archive is not None:
         log(f"{model} {old} is gone: rolling its archive {pending.from_archive} out again")

@@ -30,7 +30,6 @@ from torchserve_vision.rollout import (
     RolloutError,
     checked_manifest,
     smoke_test,
-    unregister_retrying,
     wait_for_workers,
 )
 from torchserve_vision.server_state import default_version, versions_of
@@ -150,7 +149,7 @@ def stop_shadow(client: TorchServeClient, model: str, retire: bool, log: Log) ->
     log(f"{model} {stable['modelVersion']} no longer mirrors to {candidate}")
     if retire:
         try:
-            unregister_retrying(client, model, candidate)
+            client.unregister(model, candidate)
             log(f"unregistered {model} {candidate}")
         except ManagementError as error:
             raise ShadowError(f"the shadow is off, but {model} {candidate} stays registered: "

@@ -40,7 +40,6 @@ from torchserve_vision.rollout import (
     RolloutError,
     RolloutPlan,
     rollout,
-    unregister_retrying,
     wait_for_drain,
     wait_for_workers,
 )
@@ -135,7 +134,7 @@ def client(rollout_server: TorchServeInstance, model_store: Path) -> TorchServeC
         wait_for_workers(client, MODEL, "1.0", 1, 60)
     client.set_default(MODEL, "1.0")
     for version in versions - {"1.0"}:
-        unregister_retrying(client, MODEL, version)
+        client.unregister(MODEL, version)
     return client
 
 
@@ -285,7 +284,7 @@ def kill_change_at(point: str, arguments: list[str], client: TorchServeClient, o
     killed_at(arguments, lambda said: kill_point_reached(point, client, new_version, said), point)
     if point == "after unregistering the old version":
         wait_for_drain(client, MODEL, old_version, 60, 2.0)
-        unregister_retrying(client, MODEL, old_version)
+        client.unregister(MODEL, old_version)
 
 
 def assert_only_serving(client: TorchServeClient, load: ContinuousLoad, settled_at: float,

@@ -91,11 +91,10 @@ def decode_calls(monkeypatch) -> list[int]:
 
 
 def test_a_failed_batched_call_is_retried_image_by_image_and_only_the_bad_one_fails(decode_calls):
-    calls = decode_calls
     good = [encode(textured_rgb(40, 50, seed=seed), "JPEG") for seed in range(3)]
     bad = jpeg_with_broken_huffman_table(good[0])
     results = decode_images([good[0], bad, good[1], good[2]], LIMITS, CPU)
-    assert calls == [4, 1, 1, 1, 1]
+    assert decode_calls == [4, 1, 1, 1, 1]
     assert [isinstance(result, ClientError) for result in results] == [False, True, False, False]
     assert refused(results[1]).status == 400 and "Huffman" in refused(results[1]).message
     for data, result in zip(good, [results[0], results[2], results[3]], strict=True):
@@ -103,11 +102,10 @@ def test_a_failed_batched_call_is_retried_image_by_image_and_only_the_bad_one_fa
 
 
 def test_the_decoded_pixels_of_one_call_are_bounded(decode_calls):
-    calls = decode_calls
     images = [encode(textured_rgb(40, 50, seed=seed), "JPEG") for seed in range(5)]
     bounded = ImageLimits(max_pixels=4_000_000, max_decode_pixels_per_call=2 * 40 * 50)
     results = decode_images(images, bounded, CPU)
-    assert calls == [2, 2, 1]
+    assert decode_calls == [2, 2, 1]
     assert all(torch.equal(decoded(result), decode_image_bytes(data, LIMITS))
                for data, result in zip(images, results, strict=True))
 

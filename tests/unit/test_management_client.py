@@ -14,7 +14,6 @@ from torchserve_vision.archives.versions import (
 )
 from torchserve_vision.client import KeyFile, ManagementError, TorchServeClient
 from torchserve_vision.model_descriptions import ServingSettings
-from torchserve_vision.rollout import UNREGISTER_ATTEMPTS, unregister_retrying
 
 
 def closed_port() -> int:
@@ -86,28 +85,33 @@ def test_archive_with_version_rewrites_only_the_manifest_version(tmp_path):
     assert archive_manifest(source)["modelVersion"] == "1.0"
 
 
-class FlakyUnregister:
-    """A management API whose DELETE fails with the given statuses, then succeeds."""
+class FlakyUnregister(TorchServeClient):
+    """A client whose management API answers DELETE with the given statuses, then succeeds."""
 
     def __init__(self, statuses: list[int]) -> None:
+        super().__init__(unregister_retry_s=0.0)
         self.statuses, self.calls = list(statuses), 0
 
-    def unregister(self, model: str, version: str) -> dict[str, str]:
+    def call(self, method: str, path: str, params: dict | None = None, kind: str = "management",
+             **kwargs: object) -> dict[str, str]:
+        assert (method, path) == ("DELETE", "/models/m/2.0")
         self.calls += 1
         if self.statuses:
             raise ManagementError(self.statuses.pop(0), "ConcurrentModificationException",
-                                  f"DELETE /models/{model}/{version}")
-        return {"status": f"Model \"{model}\" version: {version} unregistered"}
+                                  f"{method} {path}")
+        return {"status": 'Model "m" version: 2.0 unregistered'}
 
 
 def test_unregister_retries_a_server_error_but_not_a_client_error():
     flaky = FlakyUnregister([500, 500])
-    answer = unregister_retrying(flaky, "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
+    answer = flaky.unregister("m", "2.0")
     assert flaky.calls == 3
     assert answer == {"status": 'Model "m" version: 2.0 unregistered'}
+    refused = FlakyUnregister([404])
     with pytest.raises(ManagementError, match="-> 404"):
-        unregister_retrying(FlakyUnregister([404]), "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
+        refused.unregister("m", "2.0")
+    assert refused.calls == 1
     always = FlakyUnregister([500] * 10)
     with pytest.raises(ManagementError, match="-> 500"):
-        unregister_retrying(always, "m", "2.0", interval_s=0.0)  # type: ignore[arg-type]
-    assert always.calls == UNREGISTER_ATTEMPTS
+        always.unregister("m", "2.0")
+    assert always.calls == always.unregister_attempts == 5

@@ -53,7 +53,6 @@ from torchserve_vision.rollout import (
     rollback,
     rollout,
     scale,
-    unregister_retrying,
     wait_for_workers,
 )
 from torchserve_vision.rollout_history import (
@@ -235,7 +234,7 @@ def command_set_default(client: TorchServeClient, args: argparse.Namespace) -> N
 
 
 def command_unregister(client: TorchServeClient, args: argparse.Namespace) -> None:
-    say(unregister_retrying(client, args.model, args.version))
+    say(client.unregister(args.model, args.version))
 
 
 def planned_batching(args: argparse.Namespace, archive: str, base: ServingSettings) -> str:

@@ -49,7 +49,7 @@ from torchserve_vision.lab.single_session import (
     threaded_server,
 )
 from torchserve_vision.model_descriptions import ServingSettings, resolve_labels
-from torchserve_vision.rollout import unregister_retrying, wait_for_workers
+from torchserve_vision.rollout import wait_for_workers
 from torchserve_vision.server_state import served_default_version, versions_of
 
 BUILTIN = "builtin_efficientnet_lite0"
@@ -98,7 +98,7 @@ def register(client: TorchServeClient, store: Path, archive: str, model_name: st
 
 def unregister_all(client: TorchServeClient, model_name: str) -> None:
     for version in versions_of(client, model_name):
-        unregister_retrying(client, model_name, version["modelVersion"])
+        client.unregister(model_name, version["modelVersion"])
 
 
 def drive(url: str, image: bytes, clients: int, duration_s: float,

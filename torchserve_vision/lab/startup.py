@@ -19,7 +19,6 @@ from pathlib import Path
 
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.client import TorchServeClient
-from torchserve_vision.rollout import unregister_retrying
 from torchserve_vision.server_process import (
     TorchServeInstance,
     instance_for,
@@ -65,7 +64,7 @@ def new_version_s(client: TorchServeClient, model: str, store: Path) -> float:
                    f"a READY worker of {model} startup-check")
         return time.monotonic() - started
     finally:
-        unregister_retrying(client, model, "startup-check")
+        client.unregister(model, "startup-check")
         (store / archive).unlink()
 
 

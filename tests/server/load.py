@@ -1,4 +1,5 @@
-"""Continuous load for real-server tests: clients send real images without pause until stopped."""
+"""Continuous load for real-server tests: clients send real images until stopped, back to back
+or pacing themselves."""
 
 from __future__ import annotations
 
@@ -24,13 +25,20 @@ class Outcome:
 
 @dataclass
 class ContinuousLoad:
-    """`clients` threads POSTing `image` to `url` back to back, each on a keep-alive connection."""
+    """`clients` threads POSTing `image` to `url`, each on a keep-alive connection, each waiting
+    `pause_s` after every answer (0: back to back, which keeps every worker busy).
+
+    A test whose point is that no request fails while something changes needs requests arriving
+    throughout the change, not saturated workers: a pause leaves the CPU to the change itself
+    (the new version's worker start), which on a 2-core machine otherwise competes with the
+    load for it."""
 
     url: str
     image: bytes
     clients: int = 4
     headers: Callable[[], dict[str, str]] = dict
     max_seconds: float = 300.0
+    pause_s: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -50,6 +58,8 @@ class ContinuousLoad:
                 status, body, version = 0, repr(error), None
             with self._lock:
                 self.outcomes.append(Outcome(sent_at, time.monotonic(), status, body, version))
+            if self.pause_s:
+                self._stop.wait(self.pause_s)
 
     def __enter__(self) -> ContinuousLoad:
         self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]

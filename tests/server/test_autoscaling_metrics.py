@@ -76,7 +76,8 @@ def server(model_store: Path, samples: Path, tmp_path_factory: pytest.TempPathFa
         patch.setenv("TSV_SAMPLE_DIR", str(samples))
         patch.setenv("TSV_SAMPLE_PER_S", "0.5")
         patch.setenv("TSV_SAMPLE_MAX_BYTES", str(SAMPLES_MAX_BYTES))
-        running = started_server(tmp_path_factory.mktemp("torchserve"), model_store)
+        running = started_server(tmp_path_factory.mktemp("torchserve"), model_store,
+                                 load_models="efficientnet_lite0-1.0.mar")   # what it measures
         instance = next(running)
     yield instance
     next(running, None)        # stopped

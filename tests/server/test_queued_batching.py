@@ -59,9 +59,10 @@ def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIns
                 for version, changes in frontends.items()}
     for server in started_server(tmp_path_factory.mktemp("queued"), store, load_models=""):
         client = server.client()
-        for version, archive in archives.items():
+        for archive in archives.values():      # the four workers start side by side
             client.register(archive, batch_size=8, max_batch_delay_ms=AN_HOUR_MS, initial_workers=1,
                             response_timeout_s=120, startup_timeout_s=240)
+        for version in archives:
             wait_for_workers(client, MODEL, version, 1, 300)
         client.set_default(MODEL, QUEUED)
         yield server

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +55,9 @@ V1_LENGTH, V2_LENGTH = 5, 3
 SETTINGS = ServingSettings(batch_size=8, max_batch_delay_ms=20, min_workers=1, max_workers=1,
                            response_timeout_s=60)
 SLOW_START_S = 12
+# Each load client's pause between requests: requests arrive throughout every change (about a
+# dozen a second from four clients) while most of the CPU is left to the change's worker starts.
+PACE_S = 0.25
 SLOW_START_HANDLER = f"""
 import time
 
@@ -177,7 +181,7 @@ def test_rollout_under_load_fails_no_request_and_switches_to_v2(client, archives
 
 def load_on_server(client: TorchServeClient) -> ContinuousLoad:
     return ContinuousLoad(f"{client.inference_url}/predictions/{MODEL}", photo_bytes("chelsea.png"),
-                          clients=4)
+                          clients=4, pause_s=PACE_S)
 
 
 def test_a_failed_smoke_test_leaves_v1_serving_and_removes_the_new_version(
@@ -268,7 +272,7 @@ def kill_point_reached(point: str, client: TorchServeClient, new_version: str,
     of KILL_POINTS."""
     if point == "after registering":
         return len(versions_of(client, MODEL)) == 2
-    ending = {"after its workers are ready": "1 worker(s) ready; smoke test"}.get(
+    ending = {"after its workers are ready": " worker(s) ready; smoke test"}.get(
         point, f"{MODEL} {new_version} is the default")
     return any(line.rstrip().endswith(ending) for line in said)
 
@@ -297,58 +301,69 @@ def assert_only_serving(client: TorchServeClient, load: ContinuousLoad, settled_
     assert {len(o.body) for o in load.outcomes if o.sent_at > settled_at} == {length}
 
 
-@pytest.mark.parametrize("then", ["run again", "abort"])
-@pytest.mark.parametrize("point", KILL_POINTS)
-def test_a_rollout_killed_at_any_step_finishes_when_run_again_or_is_aborted(
-        client, archives, rollout_server, model_store, tmp_path, capsys, point, then):
-    """SIGKILL of the real command under load (no undo can run). `models list` shows the
-    half-done rollout; the same command again brings v2, `--abort` v1 back; zero failed
-    requests, no version left over, one history entry."""
-    history = tmp_path / "history.json"
-    arguments = models_command(rollout_server, model_store, history, "rollout", MODEL, archives["v2"])
-    with load_on_server(client) as load:
-        load.wait_for(10)
-        kill_change_at(point, arguments, client, "1.0", "2.0")
-        assert states(history) == ["started"]
-        capsys.readouterr()
-        assert cli(rollout_server, model_store, history, "list") == 0
-        listed = capsys.readouterr().out
-        assert "half-done: a rollout of efficientnet_lite0 from 1.0 to 2.0" in listed
-        assert "models rollout --abort efficientnet_lite0" in listed
-        if then == "run again":
-            done = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, (done.stdout, done.stderr)
-        else:
-            assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
-        settled_at = time.monotonic()
-        load.wait_for(10)
-    assert_only_serving(client, load, settled_at, "2.0" if then == "run again" else "1.0")
+def killed_rollout_then(then: str, client: TorchServeClient, server: TorchServeInstance, store: Path,
+                        history: Path, archive: str, point: str, capsys) -> None:
+    """v1 serving: the real `models rollout` to v2 is SIGKILLed at `point` (no undo can run);
+    `models list` shows the half-done rollout; then the same command again (`then` "run again")
+    or `--abort`. One history entry, `started` until then."""
+    arguments = models_command(server, store, history, "rollout", MODEL, archive)
+    kill_change_at(point, arguments, client, "1.0", "2.0")
+    assert states(history) == ["started"]
+    capsys.readouterr()
+    assert cli(server, store, history, "list") == 0
+    listed = capsys.readouterr().out
+    assert "half-done: a rollout of efficientnet_lite0 from 1.0 to 2.0" in listed
+    assert "models rollout --abort efficientnet_lite0" in listed
+    if then == "run again":
+        done = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+    else:
+        assert cli(server, store, history, "rollout", MODEL, "--abort") == 0
     assert states(history) == ["done" if then == "run again" else "aborted"]
     if then == "abort":
-        assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 1
+        assert cli(server, store, history, "rollout", MODEL, "--abort") == 1
 
 
-@pytest.mark.parametrize("then", ["run again", "abort"])
+def killed_rollback_then(then: str, client: TorchServeClient, server: TorchServeInstance,
+                         store: Path, history: Path, point: str) -> None:
+    """v2 serving, rolled out from v1 as `history` records: its rollback (re-registering v1
+    from its archive) is SIGKILLed at `point`, then run again (v1 serves, v2 retired) or
+    aborted (v2 serves, v1 gone)."""
+    kill_change_at(point, models_command(server, store, history, "rollback", MODEL), client, "2.0", "1.0")
+    assert states(history) == ["done", "started"]
+    if then == "run again":
+        assert cli(server, store, history, "rollback", MODEL) == 0
+    else:
+        assert cli(server, store, history, "rollout", MODEL, "--abort") == 0
+    assert states(history) == ["done", "done" if then == "run again" else "aborted"]
+
+
 @pytest.mark.parametrize("point", KILL_POINTS)
-def test_a_rollback_killed_at_any_step_finishes_when_run_again_or_is_aborted(
-        client, archives, rollout_server, model_store, tmp_path, point, then):
-    """v2 rolled out (v1 retired); its rollback re-registers v1 from its archive and is killed.
-    Run again: v1 serves, v2 is retired. Aborted: v2 serves, v1 is gone."""
-    history = tmp_path / "history.json"
-    assert cli(rollout_server, model_store, history, "rollout", MODEL, archives["v2"]) == 0
+def test_a_rollout_or_rollback_killed_at_any_step_finishes_when_run_again_or_is_aborted(
+        client, archives, rollout_server, model_store, tmp_path, capsys, point):
+    """SIGKILL of the real command at `point`, under one continuous load, in four changes that
+    each leave what the next starts from: a rollout killed then aborted (v1 serves), killed
+    then run again (v2 serves); that rollout's rollback killed then aborted (v2 serves), killed
+    then run again (v1 serves). After each: zero failed requests, the one version expected
+    registered and answering every request sent since, the history's entries as above."""
+    rolled_out = tmp_path / "rollout.json"
     with load_on_server(client) as load:
         load.wait_for(10)
-        kill_change_at(point, models_command(rollout_server, model_store, history, "rollback", MODEL),
-                       client, "2.0", "1.0")
-        assert states(history) == ["done", "started"]
-        if then == "run again":
-            assert cli(rollout_server, model_store, history, "rollback", MODEL) == 0
-        else:
-            assert cli(rollout_server, model_store, history, "rollout", MODEL, "--abort") == 0
-        settled_at = time.monotonic()
-        load.wait_for(10)
-    assert_only_serving(client, load, settled_at, "1.0" if then == "run again" else "2.0")
-    assert states(history) == ["done", "done" if then == "run again" else "aborted"]
+        for then, serving in (("abort", "1.0"), ("run again", "2.0")):
+            history = tmp_path / f"rollout-{then}.json"
+            killed_rollout_then(then, client, rollout_server, model_store, history, archives["v2"],
+                                point, capsys)
+            settled_at = time.monotonic()
+            load.wait_for(10)
+            assert_only_serving(client, load, settled_at, serving)
+        shutil.copy(history, rolled_out)       # the done rollout, which each rollback undoes
+        for then, serving in (("abort", "2.0"), ("run again", "1.0")):
+            history = tmp_path / f"rollback-{then}.json"
+            shutil.copy(rolled_out, history)
+            killed_rollback_then(then, client, rollout_server, model_store, history, point)
+            settled_at = time.monotonic()
+            load.wait_for(10)
+            assert_only_serving(client, load, settled_at, serving)
 
 
 def test_a_half_done_rollout_refuses_other_changes_of_the_model(client, archives, rollout_server,

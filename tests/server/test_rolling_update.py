@@ -20,7 +20,8 @@ CLASSIFIER = "efficientnet_lite0-1.0.mar"
 NEW_VERSION = "2.0-rolled"      # this module's own version name: no other module writes it
 
 
-def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop_does(model_store: Path):
+def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop_does(
+        model_store: Path, monkeypatch: pytest.MonkeyPatch):
     """Both pods rolled with SIGTERM onto the new version, then (same run, same load) the first
     pod stopped the way TorchServe's stock image stops: the rehearsal sees failures when there
     are some. The stock stop fails the requests sent to its pod before the balancer notices,
@@ -30,6 +31,7 @@ def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop
     A graceful pod keeps serving twice the longest the balancer may take to notice. A failure
     counts against the step during which it happened (on a loaded 2-core machine answers take
     over a second, and requests sent just before the stock stop fail in it)."""
+    monkeypatch.setenv("TSV_WORKERS", "1")   # one worker per pod, as a pod per core would run
     rolled = archive_with_version(model_store, CLASSIFIER, NEW_VERSION)
     report = rehearse(paths.DEVELOPMENT_CONFIG, model_store, pod_count=2, rate_rps=30,
                       drain_delay_s=2 * REMOVAL_BOUND_S, settle_s=1.0, load_models=CLASSIFIER,

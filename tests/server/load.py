@@ -23,6 +23,11 @@ class Outcome:
     model_version: str | None = None   # the answer's X-Model-Version
 
 
+# The pause for a load whose point is that no request fails while something changes: about a
+# dozen requests a second from three or four clients, the rest of the CPU left to the change.
+CHANGE_PAUSE_S = 0.25
+
+
 @dataclass
 class ContinuousLoad:
     """`clients` threads POSTing `image` to `url`, each on a keep-alive connection, each waiting

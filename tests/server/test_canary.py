@@ -19,7 +19,7 @@ import tritonclient.http as triton
 from tests.images import photo_bytes
 from tests.server.candidate_archives import reversed_labels_copy
 from tests.server.commands import started_command
-from tests.server.load import ContinuousLoad
+from tests.server.load import CHANGE_PAUSE_S, ContinuousLoad
 from tests.server.test_triton_client import image_input
 from torchserve_vision import paths
 from torchserve_vision.archives.versions import archive_with_version
@@ -38,9 +38,6 @@ pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
 CANDIDATE = "2.0-canary"
 JPEG = {"Content-Type": "application/octet-stream"}
-# Each load client's pause between requests: a dozen requests a second through every step, the
-# rest of the CPU left to the candidates' worker starts.
-PACE_S = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +77,7 @@ def versions_answering(pod: Pod, count: int, headers: dict[str, str] | None = No
 def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fronted, model_store):
     client = TorchServeClient(fronted.instance.management_url, fronted.instance.inference_url)
     with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
-                        photo_bytes("chelsea.png"), clients=3, pause_s=PACE_S) as load:
+                        photo_bytes("chelsea.png"), clients=3, pause_s=CHANGE_PAUSE_S) as load:
         assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar",
                       "--percent", "30") == 0
         split = versions_answering(fronted, 200)
@@ -139,7 +136,7 @@ def test_a_stepped_canary_removes_a_failing_candidate_and_promotes_a_good_one(
                                     handler_changes={"limits": {"max_pixels": 200_000}})
     url = f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}"
     walk = ["--steps", "50,100", "--auto", "--hold", "4", "--min-requests", "5"]
-    with ContinuousLoad(url, photo_bytes("astronaut.png"), clients=3, pause_s=PACE_S) as load:
+    with ContinuousLoad(url, photo_bytes("astronaut.png"), clients=3, pause_s=CHANGE_PAUSE_S) as load:
         capsys.readouterr()
         assert models(fronted, model_store, "canary", MODEL, refusing, *walk) == 1
         assert "stopped at 50%" in capsys.readouterr().err
@@ -156,7 +153,7 @@ def test_a_stepped_canary_removes_a_failing_candidate_and_promotes_a_good_one(
     # latency gate now and then (117 ms against 1.5 x 58 + 25 seen at 100%); that gate is judged
     # on recorded windows by the unit tests, so here only failures may stop the walk.
     good_walk = [*walk, "--p99-slack", "10000"]
-    with ContinuousLoad(url, photo_bytes("astronaut.png"), clients=3, pause_s=PACE_S) as load:
+    with ContinuousLoad(url, photo_bytes("astronaut.png"), clients=3, pause_s=CHANGE_PAUSE_S) as load:
         assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar", *good_walk) == 0
     assert load.failures() == [] and {o.model_version for o in load.outcomes} >= {CANDIDATE}
     assert (default_version(client, MODEL) or {}).get("modelVersion") == CANDIDATE
@@ -172,7 +169,7 @@ def test_a_stepped_canary_stops_when_its_shadow_disagrees_with_production(
     assert models(fronted, model_store, "shadow", MODEL, renamed, "--percent", "100") == 0
     try:
         with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
-                            photo_bytes("chelsea.png"), clients=3, pause_s=PACE_S) as load:
+                            photo_bytes("chelsea.png"), clients=3, pause_s=CHANGE_PAUSE_S) as load:
             capsys.readouterr()
             assert models(fronted, model_store, "canary", MODEL, "--steps", "50,100", "--auto",
                           "--hold", "4", "--min-requests", "5", "--min-agreement", "0.9",

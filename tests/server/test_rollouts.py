@@ -26,7 +26,7 @@ import requests
 
 from tests.images import CAT_LABELS, photo_bytes
 from tests.server.commands import started_command
-from tests.server.load import ContinuousLoad
+from tests.server.load import CHANGE_PAUSE_S, ContinuousLoad
 from tests.server.servers import started_server
 from torchserve_vision.archives.build import build_archive, run_archiver, stage_files
 from torchserve_vision.cli import main as command
@@ -55,9 +55,6 @@ V1_LENGTH, V2_LENGTH = 5, 3
 SETTINGS = ServingSettings(batch_size=8, max_batch_delay_ms=20, min_workers=1, max_workers=1,
                            response_timeout_s=60)
 SLOW_START_S = 12
-# Each load client's pause between requests: requests arrive throughout every change (about a
-# dozen a second from four clients) while most of the CPU is left to the change's worker starts.
-PACE_S = 0.25
 SLOW_START_HANDLER = f"""
 import time
 
@@ -181,7 +178,7 @@ def test_rollout_under_load_fails_no_request_and_switches_to_v2(client, archives
 
 def load_on_server(client: TorchServeClient) -> ContinuousLoad:
     return ContinuousLoad(f"{client.inference_url}/predictions/{MODEL}", photo_bytes("chelsea.png"),
-                          clients=4, pause_s=PACE_S)
+                          clients=4, pause_s=CHANGE_PAUSE_S)
 
 
 def test_a_failed_smoke_test_leaves_v1_serving_and_removes_the_new_version(

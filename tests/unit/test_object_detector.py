@@ -26,7 +26,7 @@ from torchserve_vision.model_descriptions import parse_description
 PHOTOS = ["chelsea.png", "rocket.jpg", "astronaut.png"]  # landscape, landscape, square
 SMALL = {"min_size": 224, "max_size": 320}  # the real architectures at a CPU-friendly input size
 # Two-stage models: the box head runs on every proposal (1000 per image by default, most of
-# the time on a CPU); 200 keep the test quick and the comparison the same on both sides.
+# the time on a CPU); 100 keep the test quick and the comparison the same on both sides.
 FEW_PROPOSALS = {"rpn_pre_nms_top_n_test": 200, "rpn_post_nms_top_n_test": 100}
 FAMILIES: dict[str, dict[str, Any]] = {
     "fasterrcnn_resnet50_fpn": {"box_score_thresh": 0.05, **SMALL, **FEW_PROPOSALS},

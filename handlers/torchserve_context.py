@@ -4,6 +4,7 @@ describe job, the worker's manifest and start-up time. Typed against the small
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -44,21 +45,34 @@ def required_serialized_file(serialized_file: str | None) -> str:
 
 def worker_process_age_ms() -> float:
     """Milliseconds since this process started: a worker's start-up time when it is ready
-    (Python and torch imports, model load, warm-up)."""
+    (Python and torch imports, model load, warm-up; for a worker forked by torchserve-vision's
+    fork server, from the fork: the imports were done before)."""
     return (time.time() - psutil.Process().create_time()) * 1000
+
+
+# A worker forked by torchserve-vision's worker fork server is the fork server's child, not the
+# frontend's: the fork server names the frontend's pid here.
+FRONTEND_PID_VARIABLE = "TSV_FRONTEND_PID"
+
+
+def frontend_process() -> psutil.Process | None:
+    """The TorchServe frontend that started this worker: the process FRONTEND_PID_VARIABLE names,
+    or else this process's parent."""
+    named = os.environ.get(FRONTEND_PID_VARIABLE, "")
+    return psutil.Process(int(named)) if named.isdigit() else psutil.Process().parent()
 
 
 def frontend_identity() -> dict[str, Any] | None:
     """The TorchServe frontend this worker belongs to (the process that started it): its pid and
     start time (UTC, ISO 8601), which together name one life of one server; None if unreadable."""
     try:
-        parent = psutil.Process().parent()
-        if parent is None:
+        frontend = frontend_process()
+        if frontend is None:
             return None
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(parent.create_time()))
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(frontend.create_time()))
     except psutil.Error:
         return None
-    return {"pid": parent.pid, "started": started}
+    return {"pid": frontend.pid, "started": started}
 
 
 AGENT_JAR_PREFIX = "frontend-agent-"   # torchserve_vision.frontend.agent names its jar so
@@ -69,8 +83,8 @@ def frontend_runs_agent() -> bool | None:
     agent (a `-javaagent:` option naming its jar on the frontend's command line); None when the
     command line cannot be read."""
     try:
-        parent = psutil.Process().parent()
-        arguments = parent.cmdline() if parent is not None else None
+        frontend = frontend_process()
+        arguments = frontend.cmdline() if frontend is not None else None
     except psutil.Error:
         return None
     if arguments is None:

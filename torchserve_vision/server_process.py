@@ -42,6 +42,7 @@ from torchserve_vision.server_state import (
 from torchserve_vision.torchserve_config import read_properties, render_properties
 from torchserve_vision.v2_model_endpoints import V2ModelEndpoints
 from torchserve_vision.waiting import wait_until
+from torchserve_vision.worker_forkserver.frontend_setup import wait_for_fork_servers, with_fork_server
 
 
 class ServerError(CommandError, RuntimeError):
@@ -93,7 +94,7 @@ class TorchServeInstance:
         env[TRAFFIC_DIR_ENVIRONMENT] = str(self.traffic_dir.resolve())
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-        return env
+        return with_fork_server(env, self.tmp_dir)
 
     @property
     def key_file(self) -> Path:
@@ -295,6 +296,7 @@ def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s:
     subprocess.run(torchserve_command(instance, ["--stop"]), cwd=instance.run_dir,
                    env=instance.environment(), capture_output=True, timeout=timeout_s, check=False)
     wait_for_exit(pid, timeout_s)
+    wait_for_fork_servers(instance.tmp_dir, timeout_s)
 
 
 def wait_for_exit(pid: int, timeout_s: float) -> None:

@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -19,12 +20,14 @@ from torchserve_vision import paths
 from torchserve_vision.model_descriptions import QUEUED_FALLBACK_DELAY_MS
 from torchserve_vision.server_process import (
     TorchServeInstance,
+    frontend_pid,
     instance_for,
     stop,
     torchserve_command,
     wait_until_healthy,
 )
 from torchserve_vision.torchserve_config import server_config
+from torchserve_vision.worker_forkserver.frontend_setup import without_fork_server
 
 pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
@@ -33,7 +36,8 @@ MODEL = "efficientnet_lite0"
 @pytest.fixture(scope="module")
 def plain_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServeInstance]:
     """config/config.properties on free ports, loading the classifier, started by `torchserve`
-    itself (no effective config: no agent in vmargs, allowed_urls as shipped)."""
+    itself (no effective config: no agent in vmargs, allowed_urls as shipped; no worker fork
+    server: each worker is a process the frontend starts)."""
     run_dir = tmp_path_factory.mktemp("plain")
     config = server_config(run_dir, model_store, paths.DEVELOPMENT_CONFIG, load_models=f"{MODEL}-1.0.mar")
     instance = instance_for(config, run_dir)
@@ -41,8 +45,8 @@ def plain_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) ->
     with (run_dir / "torchserve.out").open("wb") as output:
         subprocess.run(torchserve_command(instance, ["--start", "--ncs", "--model-store", str(model_store),
                                                      "--ts-config", str(config)]),
-                       cwd=run_dir, env=instance.environment(), stdout=output, stderr=subprocess.STDOUT,
-                       check=True)
+                       cwd=run_dir, env=without_fork_server(instance.environment()), stdout=output,
+                       stderr=subprocess.STDOUT, check=True)
     try:
         wait_until_healthy(instance, 240, expected_models=1)     # every worker READY
         yield instance
@@ -67,3 +71,6 @@ def test_each_worker_says_the_agent_is_missing_in_its_log_and_describe(plain_ser
     described = plain_server.client().describe(MODEL, "1.0", customized=True)[0]
     batching = described["customizedMetadata"]["batching"]
     assert batching["asked"] == "queued" and batching["frontend_agent"] is False
+    assert described["customizedMetadata"]["frontend"]["pid"] == frontend_pid(plain_server)
+    for worker in described["workers"]:        # each started by the frontend itself
+        assert psutil.Process(int(worker["pid"])).parent().pid == frontend_pid(plain_server)

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -28,7 +29,7 @@ from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.prometheus_text import scrape, total
 from torchserve_vision.rollout import wait_for_workers
-from torchserve_vision.server_process import TorchServeInstance, ping
+from torchserve_vision.server_process import TorchServeInstance, frontend_pid, ping
 from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
@@ -83,6 +84,12 @@ def test_the_frontend_runs_the_agents_batching_for_the_archive_that_asks_for_it(
     log = (queued_server.log_dir / "ts_log.log").read_text(errors="replace")
     assert f"queued batching for {MODEL} (batch size 8, deadline 0 ms)" in log
     assert f"queued batching for {MODEL} (batch size 8, deadline {MODEL_DEADLINE_MS} ms)" in log
+    # and each worker, forked by the fork server, knows its frontend and that it runs the agent
+    customized = queued_server.client().describe(MODEL, QUEUED, customized=True)[0]["customizedMetadata"]
+    assert customized["batching"]["frontend_agent"] is True
+    assert customized["frontend"]["pid"] == frontend_pid(queued_server)
+    worker_pid = queued_server.client().describe(MODEL, QUEUED)[0]["workers"][0]["pid"]
+    assert psutil.Process(int(worker_pid)).parent().pid != frontend_pid(queued_server)
 
 
 def test_a_lone_request_runs_at_once_whatever_the_batch_delay(queued_server):

@@ -1,0 +1,127 @@
+"""The stand-in's side: find (or start) this frontend's fork server, hand it the worker, and
+wait for the worker's exit. Imports nothing heavy: it runs in every worker process TorchServe
+starts, before that process would have imported anything."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from torchserve_vision.worker_forkserver import FRONTEND_PID_VARIABLE
+from torchserve_vision.worker_forkserver.channel import ForkServerFiles, receive, send, server_key
+
+SERVER_MODULE = "torchserve_vision.worker_forkserver.server"
+START_TIMEOUT_S = 120.0      # TorchServe waits two minutes for a worker to say it started
+POLL_INTERVAL_S = 0.05
+
+
+def connect(path: Path) -> socket.socket | None:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(str(path))
+    except OSError:
+        connection.close()
+        return None
+    return connection
+
+
+def server_environment(environment: dict[str, str], model_dir: str) -> dict[str, str]:
+    """The worker's environment without the model's directory on PYTHONPATH (the server
+    imports no archive code)."""
+    entries = [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep)
+               if entry and not os.path.abspath(entry).startswith(model_dir)]
+    return {**environment, "PYTHONPATH": os.pathsep.join(entries)}
+
+
+def start_server(files: ForkServerFiles, owner_pid: int) -> socket.socket | None:
+    """Start the fork server and wait until it accepts connections; None (and the failure
+    marker) when it exits first or takes longer than START_TIMEOUT_S."""
+    with open(files.log, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", SERVER_MODULE,
+             "--socket", str(files.socket), "--owner", str(owner_pid), "--pid-file", str(files.pid)],
+            env=server_environment(dict(os.environ), os.path.abspath(os.getcwd())),
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        connection = connect(files.socket) if files.socket.exists() else None
+        if connection is not None:
+            return connection
+        time.sleep(POLL_INTERVAL_S)
+    if process.poll() is None:
+        process.kill()
+    files.failed.write_text(f"the fork server did not start (exit code {process.poll()}); see {files.log}\n")
+    return None
+
+
+def connect_or_start(files: ForkServerFiles, owner_pid: int) -> socket.socket | None:
+    connection = connect(files.socket)
+    if connection is not None or files.failed.exists():
+        return connection
+    with open(files.lock, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)      # one worker starts the server; the others wait
+        connection = connect(files.socket)
+        if connection is not None or files.failed.exists():
+            return connection
+        return start_server(files, owner_pid)
+
+
+def wait_for_exit(connection: socket.socket, pid: int) -> int:
+    """The worker's exit code from the server; if the server went away first, wait for the
+    worker itself (its code is then unknown: 1)."""
+    message, _ = receive(connection)
+    if message is not None:
+        return int(message["exit_code"])
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return 1
+    select.select([pidfd], [], [])
+    return 1
+
+
+def exit_like(code: int) -> None:
+    """Exit as the worker did: with its code, or killed by the same signal."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def serve_through_forkserver(directory: str) -> int | None:
+    """Hand this process's worker (argv, cwd, environment, standard streams) to the fork server
+    and return the worker's exit code once it has exited; None before anything was handed over
+    (then this process starts the worker itself)."""
+    owner_pid = os.getppid()
+    files = ForkServerFiles(Path(directory), server_key(sys.executable, os.environ, owner_pid))
+    try:
+        connection = connect_or_start(files, owner_pid)
+    except OSError:
+        return None
+    if connection is None:
+        return None
+    with connection:
+        pipe_read, _pipe_write = os.pipe()    # the write end stays here until this process ends
+        environment = {**os.environ, FRONTEND_PID_VARIABLE: str(owner_pid)}
+        request = {"argv": sys.argv, "cwd": os.getcwd(), "environment": environment}
+        try:
+            send(connection, request, (0, 1, 2, pipe_read))
+        except OSError:
+            return None
+        # Handed over: from here on this process never starts the worker itself (a child may
+        # be running), whatever happens; it only waits for it.
+        try:
+            os.close(pipe_read)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)   # interrupted, this ends: so does the worker
+            reply, _ = receive(connection)
+            return 1 if reply is None else wait_for_exit(connection, int(reply["pid"]))
+        except BaseException:  # noqa: BLE001 - never fall through to a second start
+            return 1

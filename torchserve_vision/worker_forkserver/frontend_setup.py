@@ -1,0 +1,64 @@
+"""What `torchserve-vision server` does for the fork server: the frontend's environment, and
+waiting for the fork servers to end after the frontend has."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+from torchserve_vision.worker_forkserver import DIRECTORY_VARIABLE, SWITCH_VARIABLE
+from torchserve_vision.worker_forkserver.client import SERVER_MODULE
+
+SITE_DIR = Path(__file__).resolve().parent / "site"
+
+
+def enabled(environment: dict[str, str]) -> bool:
+    return environment.get(SWITCH_VARIABLE, "1") != "0"
+
+
+def with_fork_server(environment: dict[str, str], directory: Path) -> dict[str, str]:
+    """`environment` for a frontend whose workers start from a fork server keeping its files in
+    `directory` (unchanged when SWITCH_VARIABLE is 0)."""
+    if not enabled(environment):
+        return environment
+    entries = [str(SITE_DIR), *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**environment, DIRECTORY_VARIABLE: str(directory), "PYTHONPATH": os.pathsep.join(entries)}
+
+
+def without_fork_server(environment: dict[str, str]) -> dict[str, str]:
+    """`environment` as it was before `with_fork_server` (for a frontend started plainly)."""
+    entries = [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep)
+               if entry and entry != str(SITE_DIR)]
+    plain = {name: value for name, value in environment.items() if name != DIRECTORY_VARIABLE}
+    if entries:
+        return {**plain, "PYTHONPATH": os.pathsep.join(entries)}
+    plain.pop("PYTHONPATH", None)
+    return plain
+
+
+def fork_server_pids(directory: Path) -> list[int]:
+    pids = []
+    for pid_file in directory.glob(".fork.*.pid"):
+        try:
+            pids.append(int(pid_file.read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def wait_for_fork_servers(directory: Path, timeout_s: float) -> None:
+    """Each fork server exits once its frontend has: wait for that, and kill one that is still
+    there after `timeout_s`."""
+    processes = []
+    for pid in fork_server_pids(directory):
+        try:
+            process = psutil.Process(pid)
+            if SERVER_MODULE in process.cmdline():     # not another process that got a dead one's pid
+                processes.append(process)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in alive:
+        process.kill()

@@ -1,0 +1,219 @@
+"""The fork server: import what every worker imports, then fork one child per request.
+
+Run as `python -m torchserve_vision.worker_forkserver.server --socket S --owner PID` (by `client`,
+in a session of its own, its output in the log file next to the socket). It exits when the
+frontend `--owner` exits. It stays single-threaded in Python and computes nothing before
+forking: no OpenMP pool, no CUDA context (refused if a preloaded module made one), so each child
+starts as a fresh interpreter that had run the same imports would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import logging
+import os
+import runpy
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchserve_vision.worker_forkserver.channel import DESCRIPTOR_COUNT, receive, send
+
+# Third-party modules only: the archive's own code is imported by each child from its model
+# directory. Any that is not installed is left out.
+PRELOADED_MODULES = (
+    "numpy", "PIL.Image", "torch", "torchvision", "torchvision.io", "torchvision.transforms.v2",
+    "timm", "yaml",
+    "ts.arg_parser", "ts.async_service", "ts.metrics.metric_cache_yaml_impl", "ts.model_loader",
+    "ts.protocol.otf_message_handler", "ts.service", "ts.context",
+)
+REQUEST_TIMEOUT_S = 10.0
+
+
+def preload() -> None:
+    """Import PRELOADED_MODULES; SystemExit if that initialised CUDA (a forked child could not
+    use it)."""
+    for name in PRELOADED_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise SystemExit("a preloaded module initialised CUDA; workers must start plainly")
+
+
+def python_path_entries(value: str) -> list[str]:
+    return [entry for entry in value.split(os.pathsep) if entry]
+
+
+@dataclass
+class ForkServer:
+    listener: socket.socket
+    owner: int                    # a pidfd of the frontend
+    # the interpreter's own search path, without this process's PYTHONPATH and script entries
+    base_path: list[str]
+    children: dict[int, tuple[int, socket.socket]] = field(default_factory=dict)  # pidfd -> (pid, stand-in)
+
+    def serve(self) -> None:
+        while True:
+            listener = self.listener.fileno()
+            readable, _, _ = select.select([listener, self.owner, *self.children], [], [])
+            if self.owner in readable:
+                return
+            for pidfd in [descriptor for descriptor in readable if descriptor in self.children]:
+                self.report_exit(pidfd)
+            if listener in readable:
+                self.accept()
+
+    def report_exit(self, pidfd: int) -> None:
+        pid, stand_in = self.children.pop(pidfd)
+        _, status = os.waitpid(pid, 0)
+        os.close(pidfd)
+        with contextlib.suppress(OSError):   # the stand-in is gone already: the child followed it
+            send(stand_in, {"exit_code": os.waitstatus_to_exitcode(status)})
+        stand_in.close()
+
+    def accept(self) -> None:
+        stand_in, _ = self.listener.accept()
+        if peer_uid(stand_in) != os.getuid():     # only this user's processes may start workers
+            stand_in.close()
+            return
+        stand_in.settimeout(REQUEST_TIMEOUT_S)
+        try:
+            request, descriptors = receive(stand_in, DESCRIPTOR_COUNT)
+        except (OSError, ValueError):
+            stand_in.close()
+            return
+        if request is None or len(descriptors) != DESCRIPTOR_COUNT:
+            for descriptor in descriptors:
+                os.close(descriptor)
+            stand_in.close()
+            return
+        self.fork(request, descriptors, stand_in)
+
+    def fork(self, request: dict[str, Any], descriptors: list[int], stand_in: socket.socket) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            stand_in.close()
+            self.close_inherited()
+            run_worker(request, descriptors, self.base_path)   # never returns
+        for descriptor in descriptors:
+            os.close(descriptor)
+        try:
+            send(stand_in, {"pid": pid})
+        except OSError:
+            os.kill(pid, signal.SIGKILL)          # the stand-in is gone: so is the worker
+        self.children[os.pidfd_open(pid)] = (pid, stand_in)
+
+    def close_inherited(self) -> None:
+        """In a child: close what belongs to the server (its socket, the other children's)."""
+        self.listener.close()
+        os.close(self.owner)
+        for pidfd, (_, stand_in) in self.children.items():
+            os.close(pidfd)
+            stand_in.close()
+
+
+def follow_stand_in(pipe: int) -> None:
+    """Die when the stand-in does: the pipe's write end is only the stand-in's, so reading it
+    ends when that process ends (killed by TorchServe included)."""
+    def watch() -> None:
+        while os.read(pipe, 1):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="stand-in", daemon=True).start()
+
+
+def run_worker(request: dict[str, Any], descriptors: list[int], base_path: list[str]) -> None:
+    """In the child: become the worker TorchServe asked for, run its script, exit with its code."""
+    code = 1
+    try:
+        stdin, stdout, stderr, pipe = descriptors
+        for target, descriptor in ((0, stdin), (1, stdout), (2, stderr)):
+            os.dup2(descriptor, target)
+            os.close(descriptor)
+        follow_stand_in(pipe)
+        for number in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["environment"])
+        argv = list(request["argv"])
+        sys.argv = argv
+        sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])),
+                       *python_path_entries(os.environ.get("PYTHONPATH", "")), *base_path]
+        sys.path_importer_cache.clear()
+        importlib.invalidate_caches()
+        logging.root.handlers.clear()     # the worker's basicConfig is the one that counts
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exit_request:
+        code = exit_code_of(exit_request)
+    except BaseException:  # noqa: BLE001 - reported as a plain worker's would be
+        traceback.print_exc()
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def exit_code_of(exit_request: SystemExit) -> int:
+    if exit_request.code is None:
+        return 0
+    if isinstance(exit_request.code, int):
+        return exit_request.code
+    print(exit_request.code, file=sys.stderr)
+    return 1
+
+
+def peer_uid(connection: socket.socket) -> int:
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", credentials)
+    return int(uid)
+
+
+def listen(path: Path) -> socket.socket:
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    return listener
+
+
+def main(arguments: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--owner", type=int, required=True, help="the frontend's pid")
+    parser.add_argument("--pid-file", type=Path, required=True)
+    options = parser.parse_args(arguments)
+    owner = os.pidfd_open(options.owner)
+    own_entries = {os.path.abspath(entry) for entry in python_path_entries(os.environ.get("PYTHONPATH", ""))}
+    base_path = [entry for entry in sys.path[1:] if os.path.abspath(entry) not in own_entries]
+    preload()
+    options.pid_file.write_text(str(os.getpid()))
+    listener = listen(options.socket)     # accepting connections: ready
+    try:
+        ForkServer(listener, owner, base_path).serve()
+    finally:
+        listener.close()
+        options.socket.unlink(missing_ok=True)
+        options.pid_file.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,11 @@ from torchserve_vision.server_state import (
 from torchserve_vision.torchserve_config import read_properties, render_properties
 from torchserve_vision.v2_model_endpoints import V2ModelEndpoints
 from torchserve_vision.waiting import wait_until
-from torchserve_vision.worker_forkserver.frontend_setup import wait_for_fork_servers, with_fork_server
+from torchserve_vision.worker_forkserver.frontend_setup import (
+    prestart_fork_server,
+    wait_for_fork_servers,
+    with_fork_server,
+)
 
 
 class ServerError(CommandError, RuntimeError):
@@ -248,16 +252,20 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
     # that log4j2 does not write (the launcher's, the JVM's).
     output_path = instance.run_dir / "torchserve.out"
     sys.stdout.flush()
+    environment = instance.environment()
+    fork_server = prestart_fork_server(environment, instance.tmp_dir / ".model_server.pid")
     relay = json_line_relay() if instance.log_json else None
     with nullcontext(relay) if instance.log_to_stdout else open(output_path, "ab") as output:
         try:
             result = subprocess.run(torchserve_command(instance, extra), cwd=instance.run_dir,
-                                    env=instance.environment(), stdout=output,
+                                    env=environment, stdout=output,
                                     stderr=None if output is None else subprocess.STDOUT, check=False)
         finally:
             if relay is not None:
                 os.close(relay)      # the frontend keeps its own copy of the pipe
     if result.returncode != 0:
+        if fork_server is not None:
+            fork_server.kill()
         where = ("see its output above" if instance.log_to_stdout
                  else "\n" + output_path.read_text(errors="replace")[-2000:])
         raise ServerError(f"torchserve --start failed ({result.returncode}): {where}")

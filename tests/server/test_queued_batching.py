@@ -89,7 +89,9 @@ def test_the_frontend_runs_the_agents_batching_for_the_archive_that_asks_for_it(
     assert customized["batching"]["frontend_agent"] is True
     assert customized["frontend"]["pid"] == frontend_pid(queued_server)
     worker_pid = queued_server.client().describe(MODEL, QUEUED)[0]["workers"][0]["pid"]
-    assert psutil.Process(int(worker_pid)).parent().pid != frontend_pid(queued_server)
+    fork_server = psutil.Process(int(worker_pid)).parent()
+    assert fork_server.pid != frontend_pid(queued_server)
+    assert "--owner-pid-file" in fork_server.cmdline()     # the one started beside the frontend
 
 
 def test_a_lone_request_runs_at_once_whatever_the_batch_delay(queued_server):

@@ -78,9 +78,10 @@ def run_frontend(script: Path, model_dir: Path, environment: dict[str, str],
     return int(shell), lines
 
 
-def test_the_fork_servers_key_ignores_only_the_per_worker_python_path():
+def test_the_fork_servers_key_ignores_only_what_the_frontend_adds():
     base = {"PATH": "/bin", "PYTHONPATH": "/models/a"}
     assert server_key("python", base, 1) == server_key("python", {**base, "PYTHONPATH": "/models/b"}, 1)
+    assert server_key("python", base, 1) == server_key("python", {**base, "TS_IPEX_ENABLE": "false"}, 1)
     assert server_key("python", base, 1) != server_key("python", {**base, "OMP_NUM_THREADS": "1"}, 1)
     assert server_key("python", base, 1) != server_key("python", base, 2)       # another frontend
     assert server_key("python", base, 1) != server_key("python3", base, 1)

@@ -19,9 +19,12 @@ from typing import Any
 
 MAX_MESSAGE_BYTES = 1 << 20
 DESCRIPTOR_COUNT = 4   # stdin, stdout, stderr, the stand-in's pipe
-# Differs between the workers of one frontend (TorchServe adds the model's directory): the
-# child gets its own; everything else in the environment is the fork server's key.
-PER_WORKER_VARIABLES = frozenset({"PYTHONPATH"})
+# What TorchServe's frontend adds to a worker's environment (PYTHONPATH with the model's
+# directory; its backend settings, TS_DECODE_INPUT_REQUEST, TS_IPEX_ENABLE, ...): not in the fork
+# server's key, so that one started beside the frontend serves its workers. Each child gets the
+# worker's own environment; no module the server preloads reads these at import.
+FRONTEND_ADDED_PREFIX = "TS_"
+FRONTEND_ADDED_VARIABLES = frozenset({"PYTHONPATH"})
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,9 @@ class ForkServerFiles:
 
 def server_key(executable: str, environment: Mapping[str, str], owner_pid: int) -> str:
     """Which fork server may fork a worker: one started by the same interpreter, with the same
-    environment (but PER_WORKER_VARIABLES), for the same frontend (`owner_pid`)."""
+    environment (but what the frontend adds), for the same frontend (`owner_pid`)."""
     shared = sorted((name, value) for name, value in environment.items()
-                    if name not in PER_WORKER_VARIABLES)
+                    if name not in FRONTEND_ADDED_VARIABLES and not name.startswith(FRONTEND_ADDED_PREFIX))
     text = json.dumps([executable, owner_pid, shared])
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 

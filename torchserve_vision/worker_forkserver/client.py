@@ -45,8 +45,8 @@ def start_server(files: ForkServerFiles, owner_pid: int) -> socket.socket | None
     marker) when it exits first or takes longer than START_TIMEOUT_S."""
     with open(files.log, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", SERVER_MODULE,
-             "--socket", str(files.socket), "--owner", str(owner_pid), "--pid-file", str(files.pid)],
+            [sys.executable, "-m", SERVER_MODULE, "--directory", str(files.directory),
+             "--owner", str(owner_pid), "--key", files.key],
             env=server_environment(dict(os.environ), os.path.abspath(os.getcwd())),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True)

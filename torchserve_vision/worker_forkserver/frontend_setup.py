@@ -4,6 +4,8 @@ waiting for the fork servers to end after the frontend has."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -25,6 +27,26 @@ def with_fork_server(environment: dict[str, str], directory: Path) -> dict[str, 
         return environment
     entries = [str(SITE_DIR), *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
     return {**environment, DIRECTORY_VARIABLE: str(directory), "PYTHONPATH": os.pathsep.join(entries)}
+
+
+PRESTARTED_PID_FILE, PRESTARTED_LOG_FILE = ".fork.prestarted.pid", ".fork.prestarted.log"
+
+
+def prestart_fork_server(environment: dict[str, str],
+                         frontend_pid_file: Path) -> subprocess.Popen[bytes] | None:
+    """Start the fork server beside the frontend (`environment` as `with_fork_server` made it), so
+    that its imports run while the frontend starts: it waits for `frontend_pid_file`, then for
+    the first worker. None when the fork server is off."""
+    directory = environment.get(DIRECTORY_VARIABLE)
+    if not enabled(environment) or not directory:
+        return None
+    with open(Path(directory) / PRESTARTED_LOG_FILE, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", SERVER_MODULE, "--directory", directory,
+             "--owner-pid-file", str(frontend_pid_file),
+             "--pid-file", str(Path(directory) / PRESTARTED_PID_FILE)],
+            env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True)
 
 
 def without_fork_server(environment: dict[str, str]) -> dict[str, str]:
@@ -52,7 +74,7 @@ def wait_for_fork_servers(directory: Path, timeout_s: float) -> None:
     """Each fork server exits once its frontend has: wait for that, and kill one that is still
     there after `timeout_s`."""
     processes = []
-    for pid in fork_server_pids(directory):
+    for pid in set(fork_server_pids(directory)):
         try:
             process = psutil.Process(pid)
             if SERVER_MODULE in process.cmdline():     # not another process that got a dead one's pid

@@ -1,16 +1,19 @@
 """The fork server: import what every worker imports, then fork one child per request.
 
-Run as `python -m torchserve_vision.worker_forkserver.server --socket S --owner PID` (by `client`,
-in a session of its own, its output in the log file next to the socket). It exits when the
-frontend `--owner` exits. It stays single-threaded in Python and computes nothing before
-forking: no OpenMP pool, no CUDA context (refused if a preloaded module made one), so each child
-starts as a fresh interpreter that had run the same imports would.
+Run by a worker's stand-in (`client`: `--directory D --owner PID --key K`, while it holds the
+key's lock), or by `torchserve-vision server` beside `torchserve --start` (`--owner-pid-file`:
+TorchServe's pid file, so that the imports run while the frontend starts), in a session of its own
+with its output in a log file next to its socket. It exits when the frontend exits. It stays
+single-threaded in Python and computes nothing before forking: no OpenMP pool, no CUDA context
+(refused if a preloaded module made one), so each child starts as a fresh interpreter that had run
+the same imports would.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import importlib
 import logging
 import os
@@ -21,12 +24,22 @@ import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchserve_vision.worker_forkserver.channel import DESCRIPTOR_COUNT, receive, send
+import psutil
+
+from torchserve_vision.worker_forkserver.channel import (
+    DESCRIPTOR_COUNT,
+    ForkServerFiles,
+    receive,
+    send,
+    server_key,
+)
+from torchserve_vision.worker_forkserver.client import connect
 
 # Third-party modules only: the archive's own code is imported by each child from its model
 # directory. Any that is not installed is left out.
@@ -37,6 +50,9 @@ PRELOADED_MODULES = (
     "ts.protocol.otf_message_handler", "ts.service", "ts.context",
 )
 REQUEST_TIMEOUT_S = 10.0
+FRONTEND_CLASS = "org.pytorch.serve.ModelServer"   # on the frontend's java command line
+OWNER_TIMEOUT_S = 60.0       # for `torchserve --start` to write its pid file
+OWNER_POLL_S = 0.05
 
 
 def preload() -> None:
@@ -195,24 +211,79 @@ def listen(path: Path) -> socket.socket:
     return listener
 
 
+def frontend_pid_from(pid_file: Path, timeout_s: float) -> int | None:
+    """The frontend's pid once `pid_file` (written by `torchserve --start`) names a live
+    TorchServe frontend; None when none does within `timeout_s` (its start failed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid = int(pid_file.read_text().strip() or 0)
+            if pid and FRONTEND_CLASS in " ".join(psutil.Process(pid).cmdline()):
+                return pid
+        except (OSError, ValueError, psutil.Error):
+            pass
+        time.sleep(OWNER_POLL_S)
+    return None
+
+
+def start_listening(files: ForkServerFiles) -> socket.socket:
+    preload()
+    files.pid.write_text(str(os.getpid()))
+    return listen(files.socket)     # accepting connections: ready
+
+
 def main(arguments: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--socket", type=Path, required=True)
-    parser.add_argument("--owner", type=int, required=True, help="the frontend's pid")
-    parser.add_argument("--pid-file", type=Path, required=True)
+    parser.add_argument("--directory", type=Path, required=True, help="where its files go")
+    owner_given = parser.add_mutually_exclusive_group(required=True)
+    owner_given.add_argument("--owner", type=int, help="the frontend's pid (started by a worker)")
+    parser.add_argument("--key", help="with --owner: the key the worker computed (channel.server_key)")
+    owner_given.add_argument("--owner-pid-file", type=Path,
+                             help="TorchServe's pid file (started beside `torchserve --start`)")
+    parser.add_argument("--pid-file", type=Path, help="this process's pid, until it ends")
     options = parser.parse_args(arguments)
-    owner = os.pidfd_open(options.owner)
+    if options.pid_file:
+        options.pid_file.write_text(str(os.getpid()))
     own_entries = {os.path.abspath(entry) for entry in python_path_entries(os.environ.get("PYTHONPATH", ""))}
     base_path = [entry for entry in sys.path[1:] if os.path.abspath(entry) not in own_entries]
-    preload()
-    options.pid_file.write_text(str(os.getpid()))
-    listener = listen(options.socket)     # accepting connections: ready
+    owner_pid = options.owner or frontend_pid_from(options.owner_pid_file, OWNER_TIMEOUT_S)
+    files = None          # once this process listens: its socket and pid file, removed at the end
+    code = 1
     try:
-        ForkServer(listener, owner, base_path).serve()
+        if owner_pid is None:
+            code = 0
+            return
+        owner = os.pidfd_open(owner_pid)
+        key = options.key or server_key(sys.executable, os.environ, owner_pid)
+        mine = ForkServerFiles(options.directory, key)
+        if options.owner is not None:
+            files = mine
+            listener = start_listening(files)        # the worker that started it holds the lock
+        else:
+            with open(mine.lock, "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)     # workers that come meanwhile wait for it
+                if mine.socket.exists() and (running := connect(mine.socket)) is not None:
+                    running.close()
+                    code = 0
+                    return                       # a worker started one first: its files
+                files = mine
+                listener = start_listening(files)
+        with listener:
+            ForkServer(listener, owner, base_path).serve()
+        code = 0
+    except BaseException:  # noqa: BLE001 - reported here: the exit below skips the usual report
+        traceback.print_exc()
     finally:
-        listener.close()
-        options.socket.unlink(missing_ok=True)
-        options.pid_file.unlink(missing_ok=True)
+        if files is not None:
+            files.socket.unlink(missing_ok=True)
+            files.pid.unlink(missing_ok=True)
+        if options.pid_file:
+            options.pid_file.unlink(missing_ok=True)
+        # No pid file left: `server stop` no longer waits, so this process is gone at once
+        # (an interpreter that imported torch takes a second or more to tear itself down).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -85,10 +85,10 @@ def test_the_frontend_runs_the_agents_batching_for_the_archive_that_asks_for_it(
     assert f"queued batching for {MODEL} (batch size 8, deadline 0 ms)" in log
     assert f"queued batching for {MODEL} (batch size 8, deadline {MODEL_DEADLINE_MS} ms)" in log
     # and each worker, forked by the fork server, knows its frontend and that it runs the agent
-    customized = queued_server.client().describe(MODEL, QUEUED, customized=True)[0]["customizedMetadata"]
-    assert customized["batching"]["frontend_agent"] is True
-    assert customized["frontend"]["pid"] == frontend_pid(queued_server)
-    worker_pid = queued_server.client().describe(MODEL, QUEUED)[0]["workers"][0]["pid"]
+    described = queued_server.client().describe(MODEL, QUEUED, customized=True)[0]
+    assert described["customizedMetadata"]["batching"]["frontend_agent"] is True
+    assert described["customizedMetadata"]["frontend"]["pid"] == frontend_pid(queued_server)
+    worker_pid = described["workers"][0]["pid"]
     fork_server = psutil.Process(int(worker_pid)).parent()
     assert fork_server.pid != frontend_pid(queued_server)
     assert "--owner-pid-file" in fork_server.cmdline()     # the one started beside the frontend

@@ -115,9 +115,9 @@ def test_the_frontend_environment_puts_the_site_first_unless_switched_off(tmp_pa
 
 
 def test_the_server_imports_nothing_from_the_models_directory():
-    entries = ["/site", "/tmp/models/abc", "/tmp/models/abc/sub", "/lib"]
+    entries = ["/site", "/tmp/models/abc", "/tmp/models/abc/sub", "/tmp/models/abcd", "/lib"]
     environment = server_environment({"PYTHONPATH": os.pathsep.join(entries)}, "/tmp/models/abc")
-    assert environment["PYTHONPATH"] == os.pathsep.join(["/site", "/lib"])
+    assert environment["PYTHONPATH"] == os.pathsep.join(["/site", "/tmp/models/abcd", "/lib"])
 
 
 def parents(lines: list[str]) -> set[int]:

@@ -5,18 +5,20 @@ TorchServe starts every worker as `python ts/model_service_worker.py ...`, and m
 start is that interpreter importing torch and torchvision (and torchvision importing
 `torch._dynamo`): seconds of CPU per worker, paid again on every scale-up, rollout and crash
 recovery. `torchserve-vision server` puts `site/` on the frontend's PYTHONPATH and names a
-directory in WORKER_FORKSERVER_DIR; its `sitecustomize` (run by every Python the frontend starts)
+directory in TSV_WORKER_FORKSERVER_DIR; its `sitecustomize` (run by every Python the frontend starts)
 hands a worker's command line, environment, working directory and standard streams to the fork
 server (`client`), which forks a child that runs TorchServe's worker script as `__main__`
 (`server`). The process TorchServe started stays as a thin stand-in: it exits with the child's
 status, and the child dies when it does (TorchServe's kill reaches it).
 
-Anything that does not fit falls back to the plain start, so a worker always starts: no
-directory set, a fork server that cannot start (its log says why), or one that went away. The
+A worker always starts: plainly when no directory is set or its fork server cannot start
+(its log and a `.fork.<key>.failed` marker say why); one that went away is started again. The
 archive's own code (the handlers) is never preloaded: each child imports it from its model
 directory, as a plain worker does. `TSV_WORKER_FORKSERVER=0` in the environment of
 `torchserve-vision server` turns it off.
 """
+
+import os
 
 DIRECTORY_VARIABLE = "TSV_WORKER_FORKSERVER_DIR"
 SWITCH_VARIABLE = "TSV_WORKER_FORKSERVER"
@@ -25,3 +27,8 @@ SWITCH_VARIABLE = "TSV_WORKER_FORKSERVER"
 FRONTEND_PID_VARIABLE = "TSV_FRONTEND_PID"
 # The script TorchServe 0.12 runs for every Python worker (WorkerLifeCycle.startWorkerPython).
 WORKER_SCRIPT_SUFFIX = "/ts/model_service_worker.py"
+
+
+def python_path_entries(value: str) -> list[str]:
+    """The entries of a PYTHONPATH value, empty ones left out."""
+    return [entry for entry in value.split(os.pathsep) if entry]

@@ -11,10 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from torchserve_vision.worker_forkserver import FRONTEND_PID_VARIABLE
+from torchserve_vision.waiting import wait_until
+from torchserve_vision.worker_forkserver import FRONTEND_PID_VARIABLE, python_path_entries
 from torchserve_vision.worker_forkserver.channel import ForkServerFiles, receive, send, server_key
 
 SERVER_MODULE = "torchserve_vision.worker_forkserver.server"
@@ -33,29 +33,48 @@ def connect(path: Path) -> socket.socket | None:
 
 
 def server_environment(environment: dict[str, str], model_dir: str) -> dict[str, str]:
-    """The worker's environment without the model's directory on PYTHONPATH (the server
-    imports no archive code)."""
-    entries = [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep)
-               if entry and not os.path.abspath(entry).startswith(model_dir)]
+    """The worker's environment without the model's directory (or one under it) on PYTHONPATH
+    (the server imports no archive code)."""
+    def in_model_dir(entry: str) -> bool:
+        return os.path.commonpath([os.path.abspath(entry), model_dir]) == model_dir
+    entries = [entry for entry in python_path_entries(environment.get("PYTHONPATH", ""))
+               if not in_model_dir(entry)]
     return {**environment, "PYTHONPATH": os.pathsep.join(entries)}
+
+
+def spawn_server(arguments: list[str], environment: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`python -m SERVER_MODULE arguments...` in a session of its own, its output in `log`."""
+    with open(log, "ab") as output:
+        return subprocess.Popen([sys.executable, "-m", SERVER_MODULE, *arguments], env=environment,
+                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+
+
+class ServerExited(Exception):
+    """The fork server being waited for exited before it accepted connections."""
 
 
 def start_server(files: ForkServerFiles, owner_pid: int) -> socket.socket | None:
     """Start the fork server and wait until it accepts connections; None (and the failure
     marker) when it exits first or takes longer than START_TIMEOUT_S."""
-    with open(files.log, "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", SERVER_MODULE, "--directory", str(files.directory),
-             "--owner", str(owner_pid), "--key", files.key],
-            env=server_environment(dict(os.environ), os.path.abspath(os.getcwd())),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and process.poll() is None:
+    process = spawn_server(["--directory", str(files.directory), "--owner", str(owner_pid),
+                            "--key", files.key],
+                           server_environment(dict(os.environ), os.path.abspath(os.getcwd())), files.log)
+    connected: list[socket.socket] = []
+
+    def accepting() -> bool:
+        if process.poll() is not None:
+            raise ServerExited
         connection = connect(files.socket) if files.socket.exists() else None
         if connection is not None:
-            return connection
-        time.sleep(POLL_INTERVAL_S)
+            connected.append(connection)
+        return connection is not None
+
+    try:
+        wait_until(accepting, START_TIMEOUT_S, "the fork server", interval_s=POLL_INTERVAL_S)
+        return connected[0]
+    except (ServerExited, TimeoutError):
+        pass
     if process.poll() is None:
         process.kill()
     files.failed.write_text(f"the fork server did not start (exit code {process.poll()}); see {files.log}\n")

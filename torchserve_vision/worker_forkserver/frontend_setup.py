@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 
-from torchserve_vision.worker_forkserver import DIRECTORY_VARIABLE, SWITCH_VARIABLE
-from torchserve_vision.worker_forkserver.client import SERVER_MODULE
+from torchserve_vision.worker_forkserver import DIRECTORY_VARIABLE, SWITCH_VARIABLE, python_path_entries
+from torchserve_vision.worker_forkserver.client import SERVER_MODULE, spawn_server
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 
@@ -25,7 +24,7 @@ def with_fork_server(environment: dict[str, str], directory: Path) -> dict[str, 
     `directory` (unchanged when SWITCH_VARIABLE is 0)."""
     if not enabled(environment):
         return environment
-    entries = [str(SITE_DIR), *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
+    entries = [str(SITE_DIR), *python_path_entries(environment.get("PYTHONPATH", ""))]
     return {**environment, DIRECTORY_VARIABLE: str(directory), "PYTHONPATH": os.pathsep.join(entries)}
 
 
@@ -40,19 +39,15 @@ def prestart_fork_server(environment: dict[str, str],
     directory = environment.get(DIRECTORY_VARIABLE)
     if not enabled(environment) or not directory:
         return None
-    with open(Path(directory) / PRESTARTED_LOG_FILE, "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", SERVER_MODULE, "--directory", directory,
-             "--owner-pid-file", str(frontend_pid_file),
-             "--pid-file", str(Path(directory) / PRESTARTED_PID_FILE)],
-            env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True)
+    return spawn_server(["--directory", directory, "--owner-pid-file", str(frontend_pid_file),
+                         "--pid-file", str(Path(directory) / PRESTARTED_PID_FILE)],
+                        environment, Path(directory) / PRESTARTED_LOG_FILE)
 
 
 def without_fork_server(environment: dict[str, str]) -> dict[str, str]:
     """`environment` as it was before `with_fork_server` (for a frontend started plainly)."""
-    entries = [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep)
-               if entry and entry != str(SITE_DIR)]
+    entries = [entry for entry in python_path_entries(environment.get("PYTHONPATH", ""))
+               if entry != str(SITE_DIR)]
     plain = {name: value for name, value in environment.items() if name != DIRECTORY_VARIABLE}
     if entries:
         return {**plain, "PYTHONPATH": os.pathsep.join(entries)}

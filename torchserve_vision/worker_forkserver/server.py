@@ -24,7 +24,6 @@ import socket
 import struct
 import sys
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,8 @@ from typing import Any
 
 import psutil
 
+from torchserve_vision.waiting import wait_until
+from torchserve_vision.worker_forkserver import python_path_entries
 from torchserve_vision.worker_forkserver.channel import (
     DESCRIPTOR_COUNT,
     ForkServerFiles,
@@ -66,10 +67,6 @@ def preload() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise SystemExit("a preloaded module initialised CUDA; workers must start plainly")
-
-
-def python_path_entries(value: str) -> list[str]:
-    return [entry for entry in value.split(os.pathsep) if entry]
 
 
 @dataclass
@@ -211,19 +208,24 @@ def listen(path: Path) -> socket.socket:
     return listener
 
 
+def live_frontend_pid(pid_file: Path) -> int | None:
+    """The pid `pid_file` names if that process is a TorchServe frontend, else None."""
+    try:
+        pid = int(pid_file.read_text().strip() or 0)
+        return pid if pid and FRONTEND_CLASS in " ".join(psutil.Process(pid).cmdline()) else None
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
 def frontend_pid_from(pid_file: Path, timeout_s: float) -> int | None:
     """The frontend's pid once `pid_file` (written by `torchserve --start`) names a live
     TorchServe frontend; None when none does within `timeout_s` (its start failed)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            pid = int(pid_file.read_text().strip() or 0)
-            if pid and FRONTEND_CLASS in " ".join(psutil.Process(pid).cmdline()):
-                return pid
-        except (OSError, ValueError, psutil.Error):
-            pass
-        time.sleep(OWNER_POLL_S)
-    return None
+    try:
+        wait_until(lambda: live_frontend_pid(pid_file) is not None, timeout_s,
+                   f"a TorchServe frontend in {pid_file}", interval_s=OWNER_POLL_S)
+    except TimeoutError:
+        return None
+    return live_frontend_pid(pid_file)
 
 
 def start_listening(files: ForkServerFiles) -> socket.socket:

@@ -7,8 +7,12 @@ are marked `slow` here, as are modules marked `slow` themselves; server tests ar
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
+import os
+import shutil
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ from handlers.image_classifier import ImageClassifierHandler
 from tests.archives import TEST_REFERENCE_REQUESTS, load_classifier, load_classifier_dir, stage_model_dir
 from torchserve_vision import paths
 from torchserve_vision.archives.build import build_archive
-from torchserve_vision.model_descriptions import load_descriptions, parse_description
+from torchserve_vision.model_descriptions import ModelDescription, load_descriptions, parse_description
 
 HEAVY_FIXTURES = {"model_store", "classifier"}
 
@@ -45,29 +49,66 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
 
 
-def build_described(name: str, store: Path) -> Path:
-    """Build the archive config/models.yaml describes under `name` (in a process of its own)."""
+# The session's Lite2 archive is built without its `compile:` section: the packages and engine
+# models it would hold come from the same code as Lite0's and Lite1's, which are built and served
+# in full, and Lite2's AOTInductor packages alone take about 150 s of a core to compile. It is
+# served as the cascade's second stage (eagerly, then) and loaded in-process for its answers.
+SESSION_EAGER = frozenset({"efficientnet_lite2"})
+
+
+def session_description(name: str) -> ModelDescription:
+    """`name`'s description in config/models.yaml, as the session's model store builds it."""
     description = next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == name)
-    return build_archive(description, store, reference_requests=TEST_REFERENCE_REQUESTS)
+    if name not in SESSION_EAGER:
+        return description
+    return replace(description, handler_options={key: value for key, value in
+                                                 description.handler_options.items() if key != "compile"})
+
+
+def build_described(name: str, store: Path) -> Path:
+    """Build the archive of `name` into `store` (in a process of its own)."""
+    return build_archive(session_description(name), store, reference_requests=TEST_REFERENCE_REQUESTS)
+
+
+def shared_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run's temporary root: shared by pytest-xdist's worker processes (each has its own
+    directory under it), the session's own directory without them."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every model of config/models.yaml as described, built into a fresh model store: the
-    classifiers with their ahead-of-time compiled models (about a minute each; their workers
-    then start in seconds), so that every runner is checked on the CPU the tests run on. Two
-    processes build the single-model archives side by side (measured on 2 cores: 172 s against
-    201 s one after another: export and lowering are single-threaded), then the pipelines,
-    which copy their stages, are built."""
-    store = tmp_path_factory.mktemp("model_store")
+    """Every model of config/models.yaml as described (Lite2 without `compile:`: SESSION_EAGER),
+    built into a fresh model store: the classifiers with their ahead-of-time compiled models
+    (AOTInductor, OpenVINO, ONNX: over two minutes of a core each; their workers then start in
+    seconds), so that every runner is checked on the CPU the tests run on. Two processes build
+    the single-model archives side by side, the compiled ones first (export and lowering are
+    single-threaded), then the pipelines, which copy their stages, are built. Built once per
+    run: with pytest-xdist the first worker that needs it builds it under a lock, the others
+    wait for it and share it."""
+    root = shared_directory(tmp_path_factory)
+    store = root / "model_store"
+    with open(root / "model_store.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "model_store.built").exists():
+            shutil.rmtree(store, ignore_errors=True)
+            store.mkdir()
+            build_model_store(store)
+            (root / "model_store.built").touch()
+    return store
+
+
+def build_model_store(store: Path) -> None:
     descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
     singles = [d.name for d in descriptions if not d.is_pipeline]
+    # the compiled ones first, so that no long build starts last in the pool
+    singles.sort(key=lambda name: "compile" not in session_description(name).handler_options)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(build_described, singles, [store] * len(singles)))
     for description in descriptions:
         if description.is_pipeline:
             build_archive(description, store)
-    return store
 
 
 @pytest.fixture(scope="session")

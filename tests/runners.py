@@ -15,7 +15,7 @@ from handlers.model.compiled_model import MachineTarget
 from handlers.model.engine_runners import OnnxRuntimeRunner, OpenVinoRunner
 from handlers.model.model_loading import cpu_has_native_bf16, effective_precision
 from handlers.model.runner_order import cpu_kind
-from handlers.model.runner_selection import candidates
+from handlers.model.runner_selection import EAGER, candidates
 from handlers.model.settings import parse_classifier_settings, parse_detector_settings
 
 
@@ -28,18 +28,18 @@ def first_runner_here(handler_section: Mapping[str, Any], role: str = "classifie
     cpu = torch.device("cpu")
     machine = MachineTarget.here(cpu, effective_precision(settings.precision, cpu, native_bf16))
     kind = cpu_kind(machine.cpu_capability, machine.cpu_features, native_bf16)
-    return str(candidates(settings.archive_runners, machine, kind)[0].name)
+    found = candidates(settings.archive_runners, machine, kind)
+    return str(found[0].name) if found else EAGER          # an archive without compiled models
 
 
 def network_sections(mar: Path) -> dict[str, Mapping[str, Any]]:
     """Network role -> `handler:` section, for a single-network archive ("classifier" or
-    "detector") or each stage of a pipeline archive that has compiled runners."""
+    "detector") or each stage of a pipeline archive."""
     with zipfile.ZipFile(mar) as archive:
         handler = yaml.safe_load(archive.read("model-config.yaml"))["handler"]
     if "stages" not in handler:
         return {"detector" if "detection" in handler else "classifier": handler}
-    return {role: stage["handler"] for role, stage in handler["stages"].items()
-            if "compiled_packages" in stage["handler"] or "engine_models" in stage["handler"]}
+    return {role: stage["handler"] for role, stage in handler["stages"].items()}
 
 
 def engine_threads(runner: object) -> int:

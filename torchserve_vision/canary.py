@@ -35,6 +35,7 @@ from torchserve_vision.front_proxy import (
     CANARY_PERCENT_MAP,
     CANARY_VERSION_MAP,
     REQUEST_LOG_SOCKET,
+    traffic_socket,
 )
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout import RolloutInterrupted, interrupts_ignored, server_identity
@@ -58,7 +59,7 @@ class CanaryError(CommandError, RuntimeError):
 
 def admin_command(traffic_dir: Path, command: str, timeout_s: float = 5.0) -> str:
     """One command on the front's admin socket; its answer."""
-    path = traffic_dir / ADMIN_SOCKET
+    path = traffic_socket(traffic_dir, ADMIN_SOCKET)
     if not path.exists():
         raise CanaryError(f"no front serves this server ({path} is missing): a canary needs "
                           "`torchserve-vision server run --probe-port P --front-port F`, and its "
@@ -272,7 +273,7 @@ class RequestLog:
     directory where HAProxy sends one line per answered request (front_proxy.REQUEST_LOG_SOCKET)."""
 
     def __init__(self, traffic_dir: Path) -> None:
-        self.path = traffic_dir / REQUEST_LOG_SOCKET
+        self.path = traffic_socket(traffic_dir, REQUEST_LOG_SOCKET)
         self.records: list[AnsweredRequest] = []
         self.lock = threading.Lock()
         self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

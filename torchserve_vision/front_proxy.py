@@ -10,6 +10,8 @@ was chosen because it adds a fraction of a millisecond and can also split traffi
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import socket
 import subprocess
@@ -61,6 +63,32 @@ ADMIN_SOCKET = "front.sock"
 REQUEST_LOG_SOCKET = "front-requests.sock"
 # The header whose hash places a client on one side of the split for good (sticky assignment).
 CANARY_KEY_HEADER = "X-Canary-Key"
+# The longest socket path HAProxy takes for `log unix@...` (2.6: "too long (max 97)"); a stats
+# socket may be a little longer (sun_path), the same bound keeps both simple.
+SOCKET_PATH_MAX = 97
+
+
+def traffic_socket(traffic_dir: Path, name: str) -> Path:
+    """Where the front's socket `name` lives: in `traffic_dir`, or, where that path is too long
+    for HAProxy (a deep run directory), in a directory of this user's under the temporary
+    directory named by a hash of `traffic_dir`, so the commands that talk to the front find the
+    same path from the traffic directory alone."""
+    path = traffic_dir / name
+    if len(str(path)) <= SOCKET_PATH_MAX:
+        return path
+    owned = Path(tempfile.gettempdir()) / f"torchserve-vision-{os.getuid()}"
+    owned.mkdir(mode=0o700, exist_ok=True)
+    state = owned.lstat()
+    if owned.is_symlink() or state.st_uid != os.getuid() or state.st_mode & 0o077:
+        raise FrontError(f"{owned} must be a directory of this user's that nobody else can "
+                         "write: it holds the front's sockets")
+    short = owned / hashlib.sha256(str(traffic_dir.resolve()).encode()).hexdigest()[:16]
+    short.mkdir(mode=0o700, exist_ok=True)
+    path = short / name
+    if len(str(path)) > SOCKET_PATH_MAX:
+        raise FrontError(f"the front's socket path {path} is over HAProxy's {SOCKET_PATH_MAX} "
+                         "characters: set TMPDIR to a shorter directory")
+    return path
 
 
 def canary_rules(traffic_dir: Path) -> str:
@@ -104,8 +132,8 @@ def front_config(bind_host: str, port: int, inference_url: str, model_endpoints_
     127.0.0.1:`model_endpoints_port`. `timeout_s` bounds a request (TorchServe's response
     timeout is the one that should fire first). With `traffic_dir`, the canary split
     (`canary_rules`) and the admin socket that changes it."""
-    admin = (f"    stats socket {traffic_dir / ADMIN_SOCKET} mode 600 level admin\n"
-             f"    log unix@{traffic_dir / REQUEST_LOG_SOCKET} len 1024 format raw local0\n"
+    admin = (f"    stats socket {traffic_socket(traffic_dir, ADMIN_SOCKET)} mode 600 level admin\n"
+             f"    log unix@{traffic_socket(traffic_dir, REQUEST_LOG_SOCKET)} len 1024 format raw local0\n"
              if traffic_dir is not None else "")
     canary = canary_rules(traffic_dir) if traffic_dir is not None else ""
     return f"""global

@@ -39,7 +39,7 @@ def continuous_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServ
                                    frontend_changes={"asyncCommunication": True,
                                                      "continuousBatching": False})
     for server in started_server(tmp_path_factory.mktemp("continuous"), store, load_models=""):
-        client = server.client()
+        client = server.client(timeout_s=60)   # a register answers once the archive is read
         client.register(archive, batch_size=1, max_batch_delay_ms=0, initial_workers=1,
                         response_timeout_s=60, startup_timeout_s=240)
         wait_for_workers(client, MODEL, VERSION, 1, 300)

@@ -34,8 +34,10 @@ SETTINGS = {CASCADE: ServingSettings(batch_size=8, max_batch_delay_ms=50, min_wo
 @pytest.fixture(scope="module")
 def pipelines(server: TorchServeInstance) -> Iterator[TorchServeInstance]:
     """Both pipelines registered on the shared server (one worker each; a long batch delay so that
-    concurrent requests share batches), unregistered afterwards."""
-    client = server.client()
+    concurrent requests share batches), unregistered afterwards. TorchServe answers a register
+    call once it has read the archive: with two classifiers or a detector inside, that took over
+    the default 5 s on 2 busy cores."""
+    client = server.client(timeout_s=120)
     for name, settings in SETTINGS.items():
         client.register(f"{name}-1.0.mar", settings.batch_size, settings.max_batch_delay_ms,
                         settings.min_workers, settings.response_timeout_s)

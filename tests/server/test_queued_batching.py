@@ -59,7 +59,7 @@ def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIns
     archives = {version: archive_with_version(store, f"{MODEL}-1.0.mar", version, frontend_changes=changes)
                 for version, changes in frontends.items()}
     for server in started_server(tmp_path_factory.mktemp("queued"), store, load_models=""):
-        client = server.client()
+        client = server.client(timeout_s=60)   # a register answers once the archive is read
         for archive in archives.values():      # the four workers start side by side
             client.register(archive, batch_size=8, max_batch_delay_ms=AN_HOUR_MS, initial_workers=1,
                             response_timeout_s=120, startup_timeout_s=240)

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from torchserve_vision.client import ManagementError
-from torchserve_vision.front_proxy import front_config, haproxy_binary, prepare_traffic_dir
+from torchserve_vision.front_proxy import (
+    ADMIN_SOCKET,
+    REQUEST_LOG_SOCKET,
+    SOCKET_PATH_MAX,
+    front_config,
+    haproxy_binary,
+    prepare_traffic_dir,
+    traffic_socket,
+)
 from torchserve_vision.v2_model_endpoints import V2ModelEndpoints, is_model_endpoint
 
 DECLARED = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1]}],
@@ -86,10 +94,12 @@ def test_only_the_model_endpoints_are_routed_to_them(path, ours):
     assert is_model_endpoint(path) is ours
 
 
-@pytest.mark.parametrize("with_canary", [False, True])
-def test_haproxy_accepts_the_front_configuration(tmp_path, with_canary):
+@pytest.mark.parametrize(("with_canary", "depth"), [(False, ""), (True, ""), (True, "d" * 90)])
+def test_haproxy_accepts_the_front_configuration(tmp_path, with_canary, depth):
+    """With the canary's sockets too, also from a run directory too deep for HAProxy's socket
+    paths: those sockets then live in a short directory that the traffic directory names."""
     config = tmp_path / "haproxy.cfg"
-    traffic_dir = tmp_path / "traffic" if with_canary else None
+    traffic_dir = tmp_path / depth / "traffic" if with_canary else None
     if traffic_dir is not None:
         prepare_traffic_dir(traffic_dir)
     config.write_text(front_config("127.0.0.1", 8000, "http://127.0.0.1:8080", 8090, 600,
@@ -97,3 +107,9 @@ def test_haproxy_accepts_the_front_configuration(tmp_path, with_canary):
     checked = subprocess.run([haproxy_binary(), "-c", "-f", str(config)], capture_output=True,
                              text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    if traffic_dir is not None:
+        for name in (ADMIN_SOCKET, REQUEST_LOG_SOCKET):
+            path = traffic_socket(traffic_dir, name)
+            assert str(path) in config.read_text() and len(str(path)) <= SOCKET_PATH_MAX
+            assert path == traffic_socket(traffic_dir, name)          # found again the same way
+            assert path.parent != traffic_dir or not depth             # moved when too deep

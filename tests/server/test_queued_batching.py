@@ -81,7 +81,7 @@ def test_the_frontend_runs_the_agents_batching_for_the_archive_that_asks_for_it(
     assert described[QUEUED]["continuousBatching"] is True
     assert described[DELAYED]["continuousBatching"] is False
     assert "-javaagent:" in queued_server.effective_config.read_text()
-    log = (queued_server.log_dir / "ts_log.log").read_text(errors="replace")
+    log = "\n".join(log_lines(queued_server.log_dir / "ts_log.log"))
     assert f"queued batching for {MODEL} (batch size 8, deadline 0 ms)" in log
     assert f"queued batching for {MODEL} (batch size 8, deadline {MODEL_DEADLINE_MS} ms)" in log
     # and each worker, forked by the fork server, knows its frontend and that it runs the agent

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole check: set up what is needed, lint, type-check, run every test (real TorchServe included).
 # Arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow and not server"` (the fast tier).
-# The tests run in two processes (pytest-xdist; a module's tests stay in one, with its servers);
+# The tests run in two processes (pytest-xdist; a module's tests stay in one, with its servers;
+# the modules are handed out in tests/conftest.py's order, the longest first);
 # `-n 0` after them runs everything in this one (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -9,4 +10,4 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/torchserve-vision build --check-config
-.venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"

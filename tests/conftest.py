@@ -35,12 +35,43 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "'cpu' rehearses them on a CPU machine)")
 
 
+# Modules that take minutes (`--durations`: rollouts and canaries wait on worker starts and
+# drains): scheduled first, so that no long module starts last while the other process is idle.
+LONGEST_MODULES = ("server/test_rollouts", "server/test_rolling_update", "server/test_canary",
+                   "server/test_autoscaling_metrics", "server/test_deployment_image",
+                   "server/test_serving_lab_smoke", "unit/test_object_detector")
+
+
+def module_rank(module: str, markers: set[str]) -> tuple[int, int]:
+    """Where a module's tests run in the schedule: the longest first, then those that start
+    servers, then the other slow ones, the quick ones last (they fill the end evenly)."""
+    if module in LONGEST_MODULES:
+        return 0, LONGEST_MODULES.index(module)
+    return (1 if "server" in markers else 2 if "slow" in markers else 3), 0
+
+
+def in_schedule_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """`items` with each module's tests together, modules in `module_rank` order (stable).
+    pytest-xdist's loadfile hands the modules out in this order (--no-loadscope-reorder)."""
+    def module(item: pytest.Item) -> str:
+        return f"{item.path.parent.name}/{item.path.stem}"
+
+    markers: dict[str, set[str]] = {}
+    for item in items:
+        markers.setdefault(module(item), set()).update(mark.name for mark in item.iter_markers())
+    first_seen = {name: index for index, name in enumerate(markers)}
+    return sorted(items, key=lambda item: (module_rank(module(item), markers[module(item)]),
+                                           first_seen[module(item)]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of the real archives slow; deselect the gpu tests unless --gpu is given
-    (deselected, not skipped: a GPU run asked with --gpu fails where no GPU answers)."""
+    """Mark the tests of the real archives slow; put the modules in schedule order; deselect the
+    gpu tests unless --gpu is given (deselected, not skipped: a GPU run asked with --gpu fails
+    where no GPU answers)."""
     for item in items:
         if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    items[:] = in_schedule_order(items)
     if config.getoption("--gpu"):
         return
     deselected = [item for item in items if item.get_closest_marker("gpu")]

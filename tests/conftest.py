@@ -37,9 +37,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # Modules that take minutes (`--durations`: rollouts and canaries wait on worker starts and
 # drains): scheduled first, so that no long module starts last while the other process is idle.
-LONGEST_MODULES = ("server/test_rollouts", "server/test_rolling_update", "server/test_canary",
-                   "server/test_autoscaling_metrics", "server/test_deployment_image",
-                   "server/test_serving_lab_smoke", "unit/test_object_detector")
+# The detector architectures need no model store: the second process computes them while the
+# first builds the store (which it needs first, for the rollouts).
+LONGEST_MODULES = ("server/test_rollouts", "unit/test_object_detector", "server/test_rolling_update",
+                   "server/test_canary", "server/test_autoscaling_metrics",
+                   "server/test_serving_lab_smoke", "server/test_deployment_image")
 
 
 def module_rank(module: str, markers: set[str]) -> tuple[int, int]:
@@ -80,11 +82,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
 
 
-# The session's Lite2 archive is built without its `compile:` section: the packages and engine
-# models it would hold come from the same code as Lite0's and Lite1's, which are built and served
-# in full, and Lite2's AOTInductor packages alone take about 150 s of a core to compile. It is
-# served as the cascade's second stage (eagerly, then) and loaded in-process for its answers.
-SESSION_EAGER = frozenset({"efficientnet_lite2"})
+# The session's Lite1 and Lite2 archives are built without their `compile:` sections: the
+# packages and engine models they would hold come from the same code as Lite0's, which is built and
+# served in full, and their AOTInductor packages alone take about 150 s of a core each to compile.
+# Lite2 is served as the cascade's second stage (eagerly, then), both are loaded in-process for
+# their answers, and the tests that need another model's compiled files (a worker must refuse
+# them) get FOREIGN_PACKAGES, a small network's, built in a tenth of the time.
+SESSION_EAGER = frozenset({"efficientnet_lite1", "efficientnet_lite2"})
 
 
 def session_description(name: str) -> ModelDescription:
@@ -101,6 +105,31 @@ def build_described(name: str, store: Path) -> Path:
     return build_archive(session_description(name), store, reference_requests=TEST_REFERENCE_REQUESTS)
 
 
+def build_foreign_packages(directory: Path) -> Path:
+    """Another classifier's compiled files, named as the Lite0 archive names its own: a small
+    fixed-seed network with Lite0's input (3 x 224 x 224) and 1000 classes, as an AOTInductor
+    package (`model-fp32.pt2`, and the same package as `model-bf16.pt2`) and an ONNX model
+    (`model.onnx`). It runs on Lite0's probe photos and answers them wrongly."""
+    import torch
+    from torch import nn
+
+    from torchserve_vision.archives.compile_ahead import CompileRequest, compile_package
+    from torchserve_vision.archives.engine_exports import export_onnx
+
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv2d(3, 16, 3, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                            nn.Flatten(), nn.Linear(16, 1000)).eval()
+    shape = (3, 224, 224)
+    request = CompileRequest(precision="fp32", cpu_target="avx2", max_batch_size=8,
+                             input_shape_chw=shape, channels_last=True, resize_size=256)
+    directory.mkdir(parents=True, exist_ok=True)
+    compile_package(network.to(memory_format=torch.channels_last), request, "fp32",
+                    directory / "model-fp32.pt2")
+    shutil.copy(directory / "model-fp32.pt2", directory / "model-bf16.pt2")
+    export_onnx(network, shape, request.max_batch_size, directory / "model.onnx")
+    return directory
+
+
 def shared_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run's temporary root: shared by pytest-xdist's worker processes (each has its own
     directory under it), the session's own directory without them."""
@@ -110,7 +139,8 @@ def shared_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every model of config/models.yaml as described (Lite2 without `compile:`: SESSION_EAGER),
+    """Every model of config/models.yaml as described (Lite1 and Lite2 without `compile:`:
+    SESSION_EAGER),
     built into a fresh model store: the classifiers with their ahead-of-time compiled models
     (AOTInductor, OpenVINO, ONNX: over two minutes of a core each; their workers then start in
     seconds), so that every runner is checked on the CPU the tests run on. Two processes build
@@ -125,18 +155,27 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if not (root / "model_store.built").exists():
             shutil.rmtree(store, ignore_errors=True)
             store.mkdir()
-            build_model_store(store)
+            build_model_store(store, root / "foreign_packages")
             (root / "model_store.built").touch()
     return store
 
 
-def build_model_store(store: Path) -> None:
+@pytest.fixture(scope="session")
+def foreign_packages(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another model's compiled files (build_foreign_packages), built with the model store."""
+    return shared_directory(tmp_path_factory) / "foreign_packages"
+
+
+def build_model_store(store: Path, foreign: Path) -> None:
+    """The archives into `store` and build_foreign_packages into `foreign`."""
     descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
     singles = [d.name for d in descriptions if not d.is_pipeline]
     # the compiled ones first, so that no long build starts last in the pool
     singles.sort(key=lambda name: "compile" not in session_description(name).handler_options)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(build_described, singles, [store] * len(singles)))
+        archives = pool.map(build_described, singles, [store] * len(singles))
+        pool.submit(build_foreign_packages, foreign).result()
+        list(archives)
     for description in descriptions:
         if description.is_pipeline:
             build_archive(description, store)

@@ -49,7 +49,10 @@ def test_answers_are_torchs_loaders_bit_for_bit_at_every_batch_size(fp32_package
     assert not torch.equal(ours(model_inputs[:1]), ours(model_inputs[1:2]))  # photos differ
 
 
-def test_a_wrong_input_is_refused_instead_of_read_out_of_bounds(fp32_package, model_inputs):
+def test_a_wrong_input_is_refused_instead_of_read_out_of_bounds(fp32_package, model_inputs,
+                                                                monkeypatch):
+    # as compiled_model.load_aoti_package sets it for a worker (read at a package's first call)
+    monkeypatch.setenv("AOTI_RUNTIME_CHECK_INPUTS", "1")
     package = GilFreePackage(fp32_package)
     with pytest.raises(RuntimeError, match="running the model"):
         package(model_inputs[:1, :, :200, :200].contiguous(memory_format=torch.channels_last))

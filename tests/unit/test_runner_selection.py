@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,12 +160,11 @@ def test_a_runner_that_fails_its_check_is_refused_and_the_next_one_serves(
         assert_same_answer(got, expected, "fp32")
 
 
-def test_a_runner_of_another_model_is_refused_for_its_answers(classifier, model_store, tmp_path):
-    # EfficientNet-Lite1's ONNX model (240 px input) in the Lite0 archive (224 px): it cannot
-    # answer the probe photos, so it is refused and the eager network serves.
+def test_a_runner_of_another_model_is_refused_for_its_answers(classifier, foreign_packages, tmp_path):
+    # Another network's ONNX model, with Lite0's input, in the Lite0 archive: it answers the
+    # probe photos wrongly, so it is refused and the eager network serves.
     model_dir = model_dir_with_order(classifier, tmp_path / "m", ["onnxruntime-fp32"])
-    with zipfile.ZipFile(model_store / "efficientnet_lite1-1.0.mar") as lite1:
-        (model_dir / "compiled" / "model.onnx").write_bytes(lite1.read("compiled/model.onnx"))
+    (model_dir / "compiled" / "model.onnx").write_bytes((foreign_packages / "model.onnx").read_bytes())
     handler = load_classifier_dir(model_dir)
     choice = handler.runners["classifier"]
     assert choice.runner == "eager"

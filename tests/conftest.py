@@ -14,14 +14,17 @@ import shutil
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from handlers.image_classifier import ImageClassifierHandler
-from tests.archives import TEST_REFERENCE_REQUESTS, load_classifier, load_classifier_dir, stage_model_dir
 from torchserve_vision import paths
-from torchserve_vision.archives.build import build_archive
-from torchserve_vision.model_descriptions import ModelDescription, load_descriptions, parse_description
+
+# torch and the handlers are imported where a fixture needs them, not here: pytest-xdist's
+# controlling process loads this file too and runs no test (about 9 s of a core saved per run).
+if TYPE_CHECKING:
+    from handlers.image_classifier import ImageClassifierHandler
+    from torchserve_vision.model_descriptions import ModelDescription
 
 HEAVY_FIXTURES = {"model_store", "classifier"}
 
@@ -93,6 +96,8 @@ SESSION_EAGER = frozenset({"efficientnet_lite1", "efficientnet_lite2"})
 
 def session_description(name: str) -> ModelDescription:
     """`name`'s description in config/models.yaml, as the session's model store builds it."""
+    from torchserve_vision.model_descriptions import load_descriptions
+
     description = next(d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == name)
     if name not in SESSION_EAGER:
         return description
@@ -102,6 +107,9 @@ def session_description(name: str) -> ModelDescription:
 
 def build_described(name: str, store: Path) -> Path:
     """Build the archive of `name` into `store` (in a process of its own)."""
+    from tests.archives import TEST_REFERENCE_REQUESTS
+    from torchserve_vision.archives.build import build_archive
+
     return build_archive(session_description(name), store, reference_requests=TEST_REFERENCE_REQUESTS)
 
 
@@ -168,6 +176,9 @@ def foreign_packages(model_store: Path, tmp_path_factory: pytest.TempPathFactory
 
 def build_model_store(store: Path, foreign: Path) -> None:
     """The archives into `store` and build_foreign_packages into `foreign`."""
+    from torchserve_vision.archives.build import build_archive
+    from torchserve_vision.model_descriptions import load_descriptions
+
     descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
     singles = [d.name for d in descriptions if not d.is_pipeline]
     # the compiled ones first, so that no long build starts last in the pool
@@ -184,6 +195,8 @@ def build_model_store(store: Path, foreign: Path) -> None:
 @pytest.fixture(scope="session")
 def classifier(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> ImageClassifierHandler:
     """The default classifier archive, loaded in-process (real weights, CPU, compiled package)."""
+    from tests.archives import load_classifier
+
     return load_classifier(model_store / "efficientnet_lite0-1.0.mar",
                            tmp_path_factory.mktemp("extracted"))
 
@@ -193,6 +206,9 @@ def tiny_classifier(tmp_path_factory: pytest.TempPathFactory) -> ImageClassifier
     """A classifier handler on timm's tiny `test_efficientnet` (fixed seed 1: the five bundled
     photos get five different answers), 64 px input, eager: for handler mechanics that need no
     real weights. Staged in about a second."""
+    from tests.archives import load_classifier_dir, stage_model_dir
+    from torchserve_vision.model_descriptions import parse_description
+
     description = parse_description({
         "name": "tiny", "version": "1.0", "labels": "imagenet",
         "model": {"source": "timm", "architecture": "test_efficientnet", "weights": "fixed-seed:1"},

@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # served in full, and their AOTInductor packages alone take about 150 s of a core each to compile.
 # Lite2 is served as the cascade's second stage (eagerly, then), both are loaded in-process for
 # their answers, and the tests that need another model's compiled files (a worker must refuse
-# them) get FOREIGN_PACKAGES, a small network's, built in a tenth of the time.
+# them) get a small network's (build_foreign_packages), built in a tenth of the time.
 SESSION_EAGER = frozenset({"efficientnet_lite1", "efficientnet_lite2"})
 
 
@@ -148,11 +148,11 @@ def shared_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every model of config/models.yaml as described (Lite1 and Lite2 without `compile:`:
-    SESSION_EAGER),
-    built into a fresh model store: the classifiers with their ahead-of-time compiled models
-    (AOTInductor, OpenVINO, ONNX: over two minutes of a core each; their workers then start in
-    seconds), so that every runner is checked on the CPU the tests run on. Two processes build
-    the single-model archives side by side, the compiled ones first (export and lowering are
+    SESSION_EAGER), built into a fresh model store: Lite0 with its ahead-of-time compiled models
+    (AOTInductor, OpenVINO, ONNX: over two minutes of a core; its workers then start in seconds)
+    and SSDlite with its engine models, so that every runner is checked on the CPU the tests run
+    on; beside it, another model's compiled files (`foreign_packages`). Two processes build the
+    single-model archives side by side, the compiled ones first (export and lowering are
     single-threaded), then the pipelines, which copy their stages, are built. Built once per
     run: with pytest-xdist the first worker that needs it builds it under a lock, the others
     wait for it and share it."""

@@ -35,8 +35,6 @@ def file_lines(path: Path) -> list[str]:
 
 def log_lines(path: Path) -> list[str]:
     """Every line the server wrote to the log `path`, those of its rolled-over files first."""
-    if not path.parent.is_dir():
-        return []
     return [line for log in [*rolled_over(path), path] for line in file_lines(log)]
 
 

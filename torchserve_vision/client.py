@@ -14,6 +14,8 @@ rollouts and the lab use it; the load generator takes its keys from it).
   run shows exactly the changes it would make to the server as it is.
 - Any non-2xx answer raises ManagementError carrying the server's own message; an unregister
   that gets a server error is tried again a few times first (TorchServe 0.12's passing 500).
+- With a metrics address, `requests_in_batch` reads how many requests workers are computing
+  (the frontend agent's gauge; TorchServe's describe shows only the queue).
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ from urllib.parse import urlencode
 import requests
 
 from torchserve_vision.errors import CommandError
+from torchserve_vision.prometheus_text import parse_samples
 
 DEFAULT_MANAGEMENT_URL = "http://127.0.0.1:8081"
 DEFAULT_INFERENCE_URL = "http://127.0.0.1:8080"
+DEFAULT_METRICS_URL = "http://127.0.0.1:8082"
+IN_BATCH_METRIC = "ts_requests_in_batch"   # the frontend agent's (ContinuousBatching.java)
 MUTATING_METHODS = ("POST", "PUT", "DELETE")
 
 
@@ -74,6 +79,7 @@ class TorchServeClient:
     management_url: str = DEFAULT_MANAGEMENT_URL
     inference_url: str = DEFAULT_INFERENCE_URL
     key_file: KeyFile | None = None
+    metrics_url: str | None = None     # None: requests in a batch are not read
     dry_run: bool = False
     attempts: int = 4
     timeout_s: float = 60.0
@@ -83,8 +89,10 @@ class TorchServeClient:
 
     @classmethod
     def from_environment(cls, management_url: str | None = None, inference_url: str | None = None,
-                         key_file: str | None = None, dry_run: bool = False) -> TorchServeClient:
-        """Flags win; else TS_MANAGEMENT_URL / TS_INFERENCE_URL / TS_KEY_FILE; else the defaults."""
+                         key_file: str | None = None, dry_run: bool = False,
+                         metrics_url: str | None = None) -> TorchServeClient:
+        """Flags win; else TS_MANAGEMENT_URL / TS_INFERENCE_URL / TS_KEY_FILE / TS_METRICS_URL;
+        else the defaults."""
         key_path = key_file or os.environ.get("TS_KEY_FILE")
         return cls(
             management_url=(management_url or os.environ.get("TS_MANAGEMENT_URL")
@@ -93,6 +101,8 @@ class TorchServeClient:
                            or DEFAULT_INFERENCE_URL).rstrip("/"),
             key_file=KeyFile(Path(key_path)) if key_path else None,
             dry_run=dry_run,
+            metrics_url=(metrics_url or os.environ.get("TS_METRICS_URL")
+                         or DEFAULT_METRICS_URL).rstrip("/"),
         )
 
     # --- keys ----------------------------------------------------------------------------------
@@ -196,6 +206,28 @@ class TorchServeClient:
                     raise
                 time.sleep(self.unregister_retry_s)
         raise AssertionError("unreachable")
+
+    # --- the metrics API ---------------------------------------------------------------------
+    def requests_in_batch(self) -> dict[tuple[str, str], int] | None:
+        """Requests taken into a batch by a worker and not yet answered, per (model, version)
+        that the frontend agent serves with queued batching (a version served otherwise is
+        absent: its batches cannot be seen). None without a metrics address, or when it does
+        not answer."""
+        if self.metrics_url is None:
+            return None
+        try:
+            answer = self.session.get(f"{self.metrics_url}/metrics",
+                                      params={"name[]": IN_BATCH_METRIC}, timeout=self.timeout_s)
+        except requests.RequestException:
+            return None
+        if answer.status_code >= 300:
+            return None
+        counts: dict[tuple[str, str], int] = {}
+        for sample in parse_samples(answer.text):
+            if sample.name == IN_BATCH_METRIC:
+                pair = (sample.labels.get("model_name", ""), sample.labels.get("model_version", ""))
+                counts[pair] = counts.get(pair, 0) + round(sample.value)
+        return counts
 
     # --- the inference API -------------------------------------------------------------------
     def prediction_url(self, model: str, version: str | None = None) -> str:

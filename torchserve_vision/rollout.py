@@ -1,12 +1,13 @@
 """Versioned rollouts on a live TorchServe, one function per step.
 
 rollout: register the new version -> scale it and wait for its workers -> smoke-test it at
-/predictions/{model}/{version} -> set it as default -> wait for the old version's queue to drain
--> unregister the old version. Register and scale never wait inside the server (a waiting call
-holds a frontend thread for as long as a worker takes to start); the rollout polls `describe`
-for READY workers, with a deadline from the version's startupTimeout. Any failure, a time-out
-or an interruption (Ctrl-C) stops the rollout, restores the old default, removes what the
-rollout added, and raises RolloutError (RolloutInterrupted for Ctrl-C) saying what was undone.
+/predictions/{model}/{version} -> set it as default -> wait until the old version has no request
+queued or in a batch -> unregister the old version. Register and scale never wait inside the
+server (a waiting call holds a frontend thread for as long as a worker takes to start); the
+rollout polls `describe` for READY workers, with a deadline from the version's startupTimeout.
+Any failure, a time-out or an interruption (Ctrl-C) stops the rollout, restores the old default,
+removes what the rollout added, and raises RolloutError (RolloutInterrupted for Ctrl-C) saying
+what was undone.
 
 With a journal (torchserve_vision.rollout_history.Journal), each change (rollout, rollback,
 scaling) records its intent before it acts and its outcome after. A command that dies half-way
@@ -45,10 +46,12 @@ from torchserve_vision.rollout_history import (
     now_text,
 )
 from torchserve_vision.server_state import (
+    Outstanding,
     default_version,
+    outstanding,
     ready_workers,
     versions_of,
-    wait_for_empty_queue,
+    wait_until_answered,
 )
 from torchserve_vision.waiting import wait_until
 
@@ -114,16 +117,20 @@ def wait_for_workers(client: TorchServeClient, model: str, version: str, count: 
 
 def wait_for_drain(client: TorchServeClient, model: str, version: str, timeout_s: float,
                    grace_s: float) -> None:
-    """Wait until the version's job queue stays empty, then `grace_s` for the batch in flight."""
+    """Wait until the version has no request queued or in a batch (read from the frontend
+    agent's count); `grace_s` more only where its batches cannot be seen (see
+    `wait_until_answered`). Unregistered before its batch is answered, a version's requests
+    would get no answer from TorchServe 0.12 (the agent answers them 503)."""
     if client.dry_run:
         return
 
-    def pending() -> int:
-        return int(client.describe(model, version)[0].get("jobQueueStatus", {}).get("pendingRequests", 0))
+    def pending() -> Outstanding:
+        return outstanding(client, [(model, version)])
 
-    if not wait_for_empty_queue(pending, timeout_s, grace_s):
-        raise RolloutError(f"{model} {version} still had {pending()} queued requests after "
-                           f"{timeout_s:.0f} s")
+    if not wait_until_answered(pending, timeout_s, grace_s):
+        left = pending()
+        raise RolloutError(f"{model} {version} still had {left.queued} queued requests and "
+                           f"{left.in_batch} in a batch after {timeout_s:.0f} s")
 
 
 # --- smoke test -------------------------------------------------------------------------------
@@ -328,8 +335,9 @@ def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_vers
 
 def retire_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | None,
                log: Log) -> None:
-    """Once the new version is the default: wait for the old one's queue to drain, then
-    unregister it (unless the plan keeps it, or it is gone already)."""
+    """Once the new version is the default: wait until the old one has no request queued or in
+    a batch (`wait_for_drain`), then unregister it (unless the plan keeps it, or it is gone
+    already)."""
     if old_version is None or plan.keep_old:
         return
     if not any(v["modelVersion"] == old_version for v in versions_of(client, plan.model)):

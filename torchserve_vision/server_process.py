@@ -34,10 +34,12 @@ from torchserve_vision.frontend.agent import java_agent_option
 from torchserve_vision.json_log_lines import json_line_relay
 from torchserve_vision.pod_health import PodHealth, ProbeEndpoint
 from torchserve_vision.server_state import (
+    Outstanding,
+    every_version,
     models_ready,
     not_ready_reason,
-    queued_requests,
-    wait_for_empty_queue,
+    outstanding,
+    wait_until_answered,
 )
 from torchserve_vision.torchserve_config import read_properties, render_properties
 from torchserve_vision.v2_model_endpoints import V2ModelEndpoints
@@ -113,7 +115,8 @@ class TorchServeInstance:
         """A client for this instance, with its key file when token authorization is on."""
         return TorchServeClient(self.management_url, self.inference_url,
                                 KeyFile(self.key_file) if self.key_file.is_file() else None,
-                                attempts=attempts, timeout_s=timeout_s)
+                                metrics_url=self.metrics_url, attempts=attempts,
+                                timeout_s=timeout_s)
 
     def inference_headers(self) -> dict[str, str]:
         return self.auth_headers("inference")  # TorchServe guards /ping with it too
@@ -278,15 +281,18 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
 
 
 def drain(instance: TorchServeInstance, timeout_s: float, grace_s: float) -> bool:
-    """Wait until no request is queued, then `grace_s` for the batches being computed (see
-    `wait_for_empty_queue`). True when drained; False after `timeout_s` (continuous load)."""
-    def pending() -> int:
-        try:
-            return queued_requests(instance.client())
-        except (ManagementError, KeyError):
-            return 0  # not answering: nothing left to drain
+    """Wait until no request is queued or in a batch; `grace_s` more only for versions whose
+    batches cannot be seen (see `wait_until_answered`). True when drained; False after
+    `timeout_s` (continuous load)."""
+    client = instance.client()
 
-    return wait_for_empty_queue(pending, timeout_s, grace_s)
+    def pending() -> Outstanding:
+        try:
+            return outstanding(client, every_version(client))
+        except (ManagementError, KeyError):
+            return Outstanding(0)  # not answering: nothing left to drain
+
+    return wait_until_answered(pending, timeout_s, grace_s)
 
 
 def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s: float = 0.0,

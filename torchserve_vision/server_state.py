@@ -1,5 +1,5 @@
 """What a live TorchServe reports about its models, and waiting on it: registered versions, the
-default version, READY workers, queued requests."""
+default version, READY workers, requests queued and in a batch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torchserve_vision.client import ManagementError, TorchServeClient
@@ -61,20 +62,52 @@ def kill_worker_and_wait(client: TorchServeClient, model: str, timeout_s: float 
                       timeout_s, f"{model}'s worker {worker['id']} to be replaced")
 
 
-def wait_for_empty_queue(pending: Callable[[], int], timeout_s: float, grace_s: float) -> bool:
-    """Wait until `pending()` (queued requests) has stayed 0 for half a second, then `grace_s` for
-    the batches workers are computing (TorchServe does not show those). False after `timeout_s`."""
-    empty_polls = [0]
+@dataclass(frozen=True)
+class Outstanding:
+    """Requests a server has not answered yet: `queued` (TorchServe's describe) and `in_batch`
+    (taken by a worker, not yet answered: the frontend agent's ts_requests_in_batch) over
+    some versions; `unseen` of those versions have no in-batch count (served without the agent's
+    queued batching, or the metrics address not reachable)."""
 
-    def stayed_empty() -> bool:
-        empty_polls[0] = empty_polls[0] + 1 if pending() == 0 else 0
-        return empty_polls[0] >= 5
+    queued: int
+    in_batch: int = 0
+    unseen: int = 0
+
+    @property
+    def nothing_seen(self) -> bool:
+        return self.queued == 0 and self.in_batch == 0
+
+
+def outstanding(client: TorchServeClient, versions: list[tuple[str, str]]) -> Outstanding:
+    """`Outstanding` over `versions` ((model, version) pairs), the queues read before the
+    batches: a request leaves the queue only into a batch, so read in this order none is
+    missed."""
+    queued = sum(int(described.get("jobQueueStatus", {}).get("pendingRequests", 0))
+                 for model, version in versions for described in client.describe(model, version))
+    in_batch = client.requests_in_batch()
+    seen = [in_batch[pair] for pair in versions if in_batch is not None and pair in in_batch]
+    return Outstanding(queued, sum(seen), len(versions) - len(seen))
+
+
+def wait_until_answered(outstanding: Callable[[], Outstanding], timeout_s: float,
+                        grace_s: float) -> bool:
+    """Wait until nothing is queued or in a batch for half a second (five polls in a row); then,
+    only when some version's batches cannot be seen (`Outstanding.unseen`), `grace_s` for
+    them. False after `timeout_s` (continuous load)."""
+    quiet_polls, unseen = [0], [0]
+
+    def stayed_quiet() -> bool:
+        now = outstanding()
+        unseen[0] = now.unseen
+        quiet_polls[0] = quiet_polls[0] + 1 if now.nothing_seen else 0
+        return quiet_polls[0] >= 5
 
     try:
-        wait_until(stayed_empty, timeout_s, "an empty queue")
+        wait_until(stayed_quiet, timeout_s, "no request queued or in a batch")
     except TimeoutError:
         return False
-    time.sleep(grace_s)
+    if unseen[0]:
+        time.sleep(grace_s)
     return True
 
 
@@ -110,6 +143,12 @@ def queued_requests(client: TorchServeClient) -> int:
     return sum(int(version.get("jobQueueStatus", {}).get("pendingRequests", 0))
                for model in client.list_models()
                for version in versions_of(client, model["modelName"]))
+
+
+def every_version(client: TorchServeClient) -> list[tuple[str, str]]:
+    """(model, version) of every registered version."""
+    return [(model["modelName"], version["modelVersion"]) for model in client.list_models()
+            for version in versions_of(client, model["modelName"])]
 
 
 def local_gpu_count() -> int:

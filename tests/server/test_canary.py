@@ -56,7 +56,8 @@ def models_arguments(pod: Pod, store: Path, *args: str) -> list[str]:
     """`models ARGS` against the pod's server, with its history file."""
     instance = pod.instance
     return ["models", *args, "--management-url", instance.management_url,
-            "--inference-url", instance.inference_url, "--model-store", str(store),
+            "--inference-url", instance.inference_url, "--metrics-url", instance.metrics_url,
+            "--model-store", str(store),
             "--history", str(pod.run_dir / "history.json")]
 
 
@@ -165,15 +166,13 @@ def test_a_stepped_canary_stops_when_its_shadow_disagrees_with_production(
     """With the candidate also shadowed, `--min-agreement` is a gate: a candidate whose class
     names are reversed answers 200 everywhere, but its answers agree with none of production's."""
     renamed = reversed_labels_copy(model_store, f"{MODEL}-1.0.mar", "4.0-renamed")
-    metrics = ["--metrics-url", fronted.instance.metrics_url]
     assert models(fronted, model_store, "shadow", MODEL, renamed, "--percent", "100") == 0
     try:
         with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
                             photo_bytes("chelsea.png"), clients=3, pause_s=CHANGE_PAUSE_S) as load:
             capsys.readouterr()
             assert models(fronted, model_store, "canary", MODEL, "--steps", "50,100", "--auto",
-                          "--hold", "4", "--min-requests", "5", "--min-agreement", "0.9",
-                          *metrics) == 1
+                          "--hold", "4", "--min-requests", "5", "--min-agreement", "0.9") == 1
             assert "agreed with production's on 0.000" in capsys.readouterr().err
         assert load.failures() == []
         assert versions_answering(fronted, 5) == Counter({"1.0": 5})

@@ -3,7 +3,8 @@
 v1 and v2 are the same real classifier with top-5 and top-3 answers, so every response shows
 which version served it. The "bad" version has its class names scrambled, so its smoke test fails.
 The "slow" version sleeps in `initialize` before loading, like a version with a slow start; the
-"broken" one has a model-config.yaml TorchServe cannot parse, so registering it is refused.
+"slow batch" one sleeps in every batch, longer than a drain's grace; the "broken" one has a
+model-config.yaml TorchServe cannot parse, so registering it is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,18 @@ class SlowStartClassifier(ImageClassifierHandler):
         time.sleep({SLOW_START_S})
         super().initialize(context)
 """
+SLOW_BATCH_S = 3
+SLOW_BATCH_HANDLER = f"""
+import time
+
+from handlers.image_classifier import ImageClassifierHandler
+
+
+class SlowBatchClassifier(ImageClassifierHandler):
+    def handle(self, data, context):
+        time.sleep({SLOW_BATCH_S})
+        return super().handle(data, context)
+"""
 
 
 def describe_version(version: str, top_k: int, labels: str) -> dict:
@@ -84,8 +98,10 @@ def archives(model_store: Path, tmp_path_factory) -> dict[str, str]:
                                  model_store, reference_requests=0),     # no drift profile needed
              "bad": build_archive(parse_description(describe_version("3.0", 5, str(scrambled))),
                                   model_store, reference_requests=0),
-             "slow": build_slow_start_archive(parse_description(describe_version("4.0", 5, "imagenet")),
-                                              model_store)}
+             "slow": build_with_handler(parse_description(describe_version("4.0", 5, "imagenet")),
+                                        model_store, SLOW_START_HANDLER),
+             "slow batch": build_with_handler(parse_description(describe_version("7.0", 5, "imagenet")),
+                                              model_store, SLOW_BATCH_HANDLER)}
     built["refused"] = copy_with_changes(built["v2"], model_store / f"{MODEL}-5.0.mar",
                                          {"modelVersion": "5.0"}, runtime="no-such-runtime")
     built["crashing"] = copy_with_changes(built["v2"], model_store / f"{MODEL}-6.0.mar",
@@ -93,12 +109,12 @@ def archives(model_store: Path, tmp_path_factory) -> dict[str, str]:
     return {name: path.name for name, path in built.items()}
 
 
-def build_slow_start_archive(description: ModelDescription, store: Path) -> Path:
+def build_with_handler(description: ModelDescription, store: Path, handler_text: str) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp)
         weights = stage_files(description, staging)
-        handler = staging / "extra" / "slow_start_classifier.py"
-        handler.write_text(SLOW_START_HANDLER)
+        handler = staging / "extra" / "changed_classifier.py"
+        handler.write_text(handler_text)
         return run_archiver(description, staging, weights, store, handler)
 
 
@@ -128,7 +144,8 @@ def rollout_server(model_store: Path, archives, tmp_path_factory) -> Iterator[To
 @pytest.fixture
 def client(rollout_server: TorchServeInstance, model_store: Path) -> TorchServeClient:
     """A client for a server where v1 is the only version of the model, and the default."""
-    client = TorchServeClient(rollout_server.management_url, rollout_server.inference_url)
+    client = TorchServeClient(rollout_server.management_url, rollout_server.inference_url,
+                              metrics_url=rollout_server.metrics_url)
     versions = {v["modelVersion"] for v in versions_of(client, MODEL)}
     if "1.0" not in versions:
         client.register("efficientnet_lite0-1.0.mar", 8, 20, 1, 60)
@@ -141,7 +158,8 @@ def client(rollout_server: TorchServeInstance, model_store: Path) -> TorchServeC
 
 def cli(server: TorchServeInstance, store: Path, history: Path, *args: str) -> int:
     return command(["models", *args, "--management-url", server.management_url, "--inference-url",
-                    server.inference_url, "--model-store", str(store), "--history", str(history)])
+                    server.inference_url, "--metrics-url", server.metrics_url, "--model-store",
+                    str(store), "--history", str(history)])
 
 
 def states(history: Path) -> list[str]:
@@ -236,7 +254,7 @@ def models_command(server: TorchServeInstance, store: Path, history: Path, *args
     return [sys.executable, "-m", "torchserve_vision", "models", *args, "--batch-size", "8",
             "--max-batch-delay", "20", "--workers", "1", "--drain-grace", "3",
             "--management-url", server.management_url, "--inference-url", server.inference_url,
-            "--model-store", str(store), "--history", str(history)]
+            "--metrics-url", server.metrics_url, "--model-store", str(store), "--history", str(history)]
 
 
 def killed_once(arguments: list[str], reached: Callable[[], bool], point: str) -> None:
@@ -425,6 +443,60 @@ def test_rollback_under_load_fails_no_request(client, archives, rollout_server, 
     assert [v["modelVersion"] for v in versions_of(client, MODEL)] == ["1.0"]
 
 
+def in_batch(client: TorchServeClient, version: str) -> int:
+    counts = client.requests_in_batch()
+    assert counts is not None, "the metrics address did not answer"
+    return counts[(MODEL, version)]
+
+
+@pytest.fixture
+def slow_batch_version(client, archives) -> Iterator[str]:
+    """The slow-batch version registered beside v1 (one worker, queued batching)."""
+    client.register(archives["slow batch"], 8, 20, 1, 60)
+    wait_for_workers(client, MODEL, "7.0", 1, 60)
+    yield "7.0"
+    if "7.0" in {v["modelVersion"] for v in versions_of(client, MODEL)}:
+        client.unregister(MODEL, "7.0")
+
+
+def predict_version(client: TorchServeClient, version: str) -> requests.Response:
+    return requests.post(f"{client.inference_url}/predictions/{MODEL}/{version}",
+                         data=photo_bytes("chelsea.png"), timeout=60)
+
+
+def test_a_version_is_unregistered_only_once_its_last_batch_is_answered(client,
+                                                                        slow_batch_version):
+    """The drain reads the requests workers hold (the frontend agent's count), not a fixed
+    grace: with no grace at all, batches slower than any grace are all answered."""
+    with ThreadPoolExecutor(3) as pool:
+        sent = [pool.submit(predict_version, client, slow_batch_version) for _ in range(3)]
+        wait_until(lambda: in_batch(client, slow_batch_version) > 0, 30, "a batch being computed",
+                   interval_s=0.05)
+        wait_for_drain(client, MODEL, slow_batch_version, 60, grace_s=0)
+        client.unregister(MODEL, slow_batch_version)
+        answers = [future.result() for future in sent]
+    assert [answer.status_code for answer in answers] == [200] * 3
+    assert {len(answer.json()) for answer in answers} == {V1_LENGTH}
+    assert in_batch(client, slow_batch_version) == 0
+
+
+def test_a_request_whose_version_is_unregistered_mid_batch_is_answered_503(client,
+                                                                           slow_batch_version):
+    """Unregistered without a drain, TorchServe 0.12 puts the batch back in a queue no worker
+    will ever read; the frontend agent answers each of its requests 503 instead."""
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(predict_version, client, slow_batch_version)
+        wait_until(lambda: in_batch(client, slow_batch_version) > 0, 30, "a batch being computed",
+                   interval_s=0.05)
+        client.unregister(MODEL, slow_batch_version)
+        answer = sent.result()
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "1", answer.text
+    assert answer.json()["type"] == "ServiceUnavailable"
+    assert "unregistered" in answer.json()["message"]
+    assert in_batch(client, slow_batch_version) == 0
+    assert len(client.predict(MODEL, "1.0", photo_bytes("chelsea.png"))) == V1_LENGTH
+
+
 def test_new_batch_settings_roll_out_as_a_new_version_under_load(client, rollout_server,
                                                                  model_store, tmp_path):
     with load_on_server(client) as load:
@@ -559,6 +631,7 @@ def test_an_interrupted_rollout_is_undone_and_exits_non_zero(client, archives, r
     arguments = ["models", "rollout", MODEL, archives["slow"],
                  "--management-url", rollout_server.management_url,
                  "--inference-url", rollout_server.inference_url,
+                 "--metrics-url", rollout_server.metrics_url,
                  "--model-store", str(model_store), "--history", str(history)]
     with load_on_server(client) as load:
         load.wait_for(10)

@@ -55,7 +55,8 @@ def test_sweep_measures_each_setting_and_restores_the_original(lab_server, model
                     "--duration", "1.5", "--sla-ms", "5000", "--out", str(out),
                     "--model-store", str(model_store),
                     "--management-url", lab_server.management_url,
-                    "--inference-url", lab_server.inference_url])
+                    "--inference-url", lab_server.inference_url,
+                    "--metrics-url", lab_server.metrics_url])
     assert code == 0
     document = json.loads(out.with_suffix(".json").read_text())
     assert {(p["batch_size"], p["clients"]) for p in document["points"]} == {(1, 1), (1, 4), (4, 1), (4, 4)}

@@ -49,7 +49,7 @@ def shadow_server(model_store: Path, candidates, tmp_path_factory) -> Iterator[T
 
 def models(server: TorchServeInstance, store: Path, *args: str) -> int:
     return command(["models", *args, "--management-url", server.management_url, "--inference-url",
-                    server.inference_url, "--model-store", str(store),
+                    server.inference_url, "--metrics-url", server.metrics_url, "--model-store", str(store),
                     "--history", str(server.run_dir / "history.json")])
 
 
@@ -63,8 +63,7 @@ def compared(server: TorchServeInstance, candidate: str) -> float:
 
 def report(server: TorchServeInstance, store: Path, capsys, *options: str) -> list[dict]:
     capsys.readouterr()
-    assert models(server, store, "shadow-report", MODEL, "--metrics-url", server.metrics_url,
-                  "--json", *options) == 0
+    assert models(server, store, "shadow-report", MODEL, "--json", *options) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -123,8 +122,8 @@ def test_a_candidate_that_names_classes_differently_shows_as_flips(shadow_server
     flips = {(ours, theirs) for ours, theirs, _ in found["top_flips"]}
     assert flips and all(ours in CAT_LABELS and theirs not in CAT_LABELS for ours, theirs in flips)
     capsys.readouterr()
-    assert models(shadow_server, model_store, "shadow-report", MODEL, "--metrics-url",
-                  shadow_server.metrics_url, "--candidate", "3.0-shadow") == 0
+    assert models(shadow_server, model_store, "shadow-report", MODEL, "--candidate",
+                  "3.0-shadow") == 0
     assert "agreement 0.0000" in capsys.readouterr().out
     assert models(shadow_server, model_store, "shadow", MODEL, "--off", "--retire") == 0
 

@@ -29,7 +29,8 @@ def secured_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIn
 
 def cli(server: TorchServeInstance, *args: str) -> int:
     return command(["models", *args, "--management-url", server.management_url,
-                    "--inference-url", server.inference_url, "--key-file", str(server.key_file),
+                    "--inference-url", server.inference_url, "--metrics-url", server.metrics_url,
+                    "--key-file", str(server.key_file),
                     "--model-store", str(Path(read_properties(server.config_path)["model_store"]))])
 
 

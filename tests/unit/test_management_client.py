@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import http.server
 import json
 import socket
+import threading
 import zipfile
+from typing import ClassVar
 
 import pytest
 
@@ -115,3 +118,48 @@ def test_unregister_retries_a_server_error_but_not_a_client_error():
     with pytest.raises(ManagementError, match="-> 500"):
         always.unregister("m", "2.0")
     assert always.calls == always.unregister_attempts == 5
+
+
+def test_environment_supplies_the_metrics_address(monkeypatch):
+    monkeypatch.setenv("TS_METRICS_URL", "http://127.0.0.1:9992/")
+    assert TorchServeClient.from_environment().metrics_url == "http://127.0.0.1:9992"
+    monkeypatch.delenv("TS_METRICS_URL")
+    assert TorchServeClient.from_environment().metrics_url == management_client.DEFAULT_METRICS_URL
+    assert TorchServeClient().metrics_url is None      # built in code: read only when given
+
+
+class Exposition(http.server.BaseHTTPRequestHandler):
+    """A metrics address answering with the frontend agent's gauge (two hosts' series of one
+    version, one of another) and what it was asked for."""
+    asked: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        Exposition.asked.append(self.path)
+        body = (b"# HELP ts_requests_in_batch Requests workers have taken\n"
+                b"# TYPE ts_requests_in_batch gauge\n"
+                b'ts_requests_in_batch{model_name="m",model_version="1.0",hostname="a",} 2.0\n'
+                b'ts_requests_in_batch{model_name="m",model_version="1.0",hostname="b",} 1.0\n'
+                b'ts_requests_in_batch{model_name="m",model_version="2.0",hostname="a",} 0.0\n'
+                b'ts_queue_latency_microseconds{model_name="m",model_version="1.0",} 7.0\n')
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_requests_in_batch_are_read_per_version_from_the_metrics_address():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exposition)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        counts = TorchServeClient(metrics_url=url).requests_in_batch()
+    finally:
+        server.shutdown()
+    assert counts == {("m", "1.0"): 3, ("m", "2.0"): 0}
+    assert Exposition.asked == ["/metrics?name%5B%5D=ts_requests_in_batch"]
+    assert TorchServeClient(metrics_url=f"http://127.0.0.1:{closed_port()}",
+                            timeout_s=2).requests_in_batch() is None
+    assert TorchServeClient().requests_in_batch() is None

@@ -7,28 +7,24 @@ import os
 from pathlib import Path
 
 from torchserve_vision import paths
-from torchserve_vision.client import TorchServeClient
+from torchserve_vision.client import DEFAULT_METRICS_URL, TorchServeClient
 
 DEFAULT_MODEL = "efficientnet_lite0"
 
 
 def connection_flags() -> argparse.ArgumentParser:
-    """--inference-url, --management-url and --key-file (environment: TS_INFERENCE_URL,
-    TS_MANAGEMENT_URL, TS_KEY_FILE)."""
+    """--inference-url, --management-url, --metrics-url and --key-file (environment:
+    TS_INFERENCE_URL, TS_MANAGEMENT_URL, TS_METRICS_URL, TS_KEY_FILE)."""
     flags = argparse.ArgumentParser(add_help=False)
     group = flags.add_argument_group("server")
     group.add_argument("--inference-url", help="default: $TS_INFERENCE_URL or http://127.0.0.1:8080")
     group.add_argument("--management-url", help="default: $TS_MANAGEMENT_URL or http://127.0.0.1:8081")
+    group.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", DEFAULT_METRICS_URL),
+                       help=f"TorchServe's metrics address (default: $TS_METRICS_URL or "
+                            f"{DEFAULT_METRICS_URL})")
     group.add_argument("--key-file", help="TorchServe's key_file.json when token authorization is on "
                                           "(default: $TS_KEY_FILE)")
     return flags
-
-
-def metrics_url_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """--metrics-url (environment: TS_METRICS_URL)."""
-    parser.add_argument("--metrics-url", default=os.environ.get("TS_METRICS_URL", "http://127.0.0.1:8082"),
-                        help="TorchServe's metrics address (default: $TS_METRICS_URL or "
-                             "http://127.0.0.1:8082)")
 
 
 def model_store_flag() -> argparse.ArgumentParser:
@@ -46,7 +42,7 @@ def json_flag() -> argparse.ArgumentParser:
 
 def client_from(args: argparse.Namespace, dry_run: bool = False) -> TorchServeClient:
     return TorchServeClient.from_environment(args.management_url, args.inference_url, args.key_file,
-                                             dry_run)
+                                             dry_run, args.metrics_url)
 
 
 def subcommand(commands: argparse._SubParsersAction, name: str, summary: str, description: str,

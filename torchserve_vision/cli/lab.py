@@ -18,7 +18,6 @@ from torchserve_vision.cli.common import (
     client_from,
     connection_flags,
     json_flag,
-    metrics_url_flag,
     model_store_flag,
     subcommand,
 )
@@ -349,7 +348,6 @@ def add_shadow(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="open-loop requests/s")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per shadow share")
     parser.add_argument("--percents", type=float, nargs="+", default=[0, 5, 20])
-    metrics_url_flag(parser)
     image_size_flag(parser)
     parser.set_defaults(run=run_shadow)
 
@@ -576,7 +574,6 @@ def add_plan(actions: argparse._SubParsersAction) -> None:
                         "per-pod capacity, replicas and HPA targets from a measured server",
                         capacity_plan.__doc__ or "", [connection_flags(), json_flag()])
     model_flag(parser)
-    metrics_url_flag(parser)
     parser.add_argument("--p99-ms", type=float, required=True, help="latency target per request")
     parser.add_argument("--target-rps", type=float, required=True,
                         help="requests per second the whole deployment must serve")
@@ -749,7 +746,6 @@ def add_drift(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--windows", type=int, default=20,
                         help="in-distribution windows replayed offline for the false-alarm rate")
     parser.add_argument("--offline", action="store_true", help="no server: false alarms and cost only")
-    metrics_url_flag(parser)
     parser.set_defaults(run=run_drift)
 
 

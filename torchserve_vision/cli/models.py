@@ -36,7 +36,6 @@ from torchserve_vision.cli.common import (
     client_from,
     connection_flags,
     json_flag,
-    metrics_url_flag,
     model_store_flag,
     subcommand,
 )
@@ -657,7 +656,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help="default: scikit-image's chelsea.png")
         sub.add_argument("--drain-timeout", type=float, default=120.0)
         sub.add_argument("--drain-grace", type=float, default=2.0,
-                         help="seconds to wait after the old queue empties, for its last batch")
+                         help="seconds to wait after the old queue empties for its last batch, "
+                              "only where batches cannot be seen (a version served without the "
+                              "frontend agent's queued batching, or no --metrics-url); else the "
+                              "rollout waits until the batch is answered")
         sub.set_defaults(expect_label=None, compare_with_current=False, keep_old=False,
                          same_archive=False, archive=None, abort=False, batching=None,
                          deadline_ms=None)
@@ -701,7 +703,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     walk.add_argument("--min-agreement", type=float,
                       help="with a shadow of the same candidate running (`models shadow`): its "
                            "agreement with production over each step at least this")
-    metrics_url_flag(walk)
     kubernetes = canary.add_argument_group(
         "Kubernetes", "print the split as a Gateway API HTTPRoute instead of changing a server")
     kubernetes.add_argument("--httproute", action="store_true")
@@ -723,7 +724,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--top", type=int, default=10, help="label flips shown")
     report.add_argument("--candidate", help="one candidate version (default: every candidate "
                                             "since the server started)")
-    metrics_url_flag(report)
     parser.set_defaults(run=run)
 
 

@@ -34,6 +34,15 @@
  * requests beyond that are answered 503 with Retry-After, counted in
  * ts_requests_shed_for_priority_total, so that a high-priority request finds room.
  *
+ * Requests in a batch: ts_requests_in_batch{model_name, model_version, hostname} is the number
+ * of requests workers have taken and not yet answered (a gauge; every version served here has
+ * the series from its first worker on). A rollout waits for it, with the queue, before it
+ * unregisters the old version (TorchServe's describe shows only the queue). A batch cut short
+ * because its worker is stopped goes back to the queue for another worker, as in TorchServe;
+ * when the version has no workers left to take it (unregistered, or scaled to none), each of its
+ * requests is answered 503 with Retry-After, where TorchServe 0.12 queues them for no one and
+ * the clients never get an answer (or a 500 "Worker died.").
+ *
  * This class takes the place of TorchServe's ContinuousBatching (its streaming aggregator, which
  * the frontend picks for an archive whose model-config.yaml says `continuousBatching: true`) when
  * the frontend runs with this project's agent (Agent.java). Everything but gathering a batch, and
@@ -61,14 +70,18 @@ import java.util.Map;
 import java.util.WeakHashMap;
 import java.util.concurrent.LinkedBlockingDeque;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.locks.ReentrantLock;
+import io.prometheus.client.Gauge;
 import io.prometheus.client.Histogram;
 import org.pytorch.serve.job.GRPCJob;
 import org.pytorch.serve.job.Job;
 import org.pytorch.serve.metrics.IMetric;
 import org.pytorch.serve.metrics.MetricBuilder;
 import org.pytorch.serve.util.ConfigManager;
+import org.pytorch.serve.util.messages.BaseModelRequest;
 import org.pytorch.serve.util.messages.InputParameter;
+import org.pytorch.serve.util.messages.ModelLoadModelRequest;
 import org.pytorch.serve.util.messages.ModelWorkerResponse;
 import org.pytorch.serve.util.messages.Predictions;
 import org.pytorch.serve.util.messages.WorkerCommands;
@@ -97,12 +110,15 @@ public class ContinuousBatching extends BatchAggregator {
         0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10,
         30, 60};
     private static Histogram latency;   // made once per process, on the first answer
+    static final String IN_BATCH_METRIC = "ts_requests_in_batch";
+    private static Gauge inBatch;       // made once per process, by the first worker
 
     private final ReentrantLock modelLock;
     private final LinkedBlockingDeque<Job> queue;
     private final long modelTimeoutMs;
     private long batchStartNs;          // the running batch's start; 0 when none runs
     private double recentBatchMs;       // moving average of this worker's batch times
+    private final AtomicInteger held = new AtomicInteger();   // requests taken, not yet answered
     private long lastHighNs;            // when a high-priority request was last seen queued
     // Each queued request's v2 `timeout` parameter in ms (0: none), read once from its body.
     private final Map<Job, Long> v2TimeoutsMs = Collections.synchronizedMap(new WeakHashMap<>());
@@ -119,6 +135,11 @@ public class ContinuousBatching extends BatchAggregator {
         Histogram latencies = latencyHistogram();
         if (latencies != null) {    // its series at 0 now: a rate over them counts the first answers
             latencies.labels(model.getModelName(), model.getVersion(),
+                    ConfigManager.getInstance().getHostName());
+        }
+        Gauge taken = inBatchGauge();
+        if (taken != null) {        // its series at 0 now: present means "counted here"
+            taken.labels(model.getModelName(), model.getVersion(),
                     ConfigManager.getInstance().getHostName());
         }
         logger.info("queued batching for {} (batch size {}, deadline {} ms)",
@@ -154,6 +175,7 @@ public class ContinuousBatching extends BatchAggregator {
         if (model.isUseJobTicket()) {
             model.incNumJobTickets();
         }
+        release();      // a batch left without an answer call (none expected) is not counted on
         modelLock.lockInterruptibly();
         try {
             while (jobs.isEmpty()) {       // until a request is left that may be computed
@@ -229,10 +251,62 @@ public class ContinuousBatching extends BatchAggregator {
         }
     }
 
-    /** Joins `job` to the batch; TorchServe then never drops it for its clientTimeoutInMills. */
+    /** Joins `job` to the batch; TorchServe then never drops it for its clientTimeoutInMills.
+     * Counted in ts_requests_in_batch from here (under the model's lock, as it leaves the queue:
+     * a request is always in one of the two) until its batch is answered. */
     private void take(Job job) {
         job.getPayload().setClientExpireTS(NEVER_MS);
         jobs.put(job.getJobId(), job);
+        held.incrementAndGet();
+        moveInBatch(1);
+    }
+
+    /** The batch's requests are answered (or back in the queue): no longer counted. */
+    private void release() {
+        moveInBatch(-held.getAndSet(0));
+    }
+
+    private void moveInBatch(int change) {
+        Gauge taken = inBatchGauge();
+        if (taken != null && change != 0) {
+            taken.labels(model.getModelName(), model.getVersion(),
+                    ConfigManager.getInstance().getHostName()).inc(change);
+        }
+    }
+
+    /** Answers for a whole batch that failed, or was cut short because its worker was stopped
+     * (TorchServe calls this from the worker's thread and from the thread stopping it, hence
+     * synchronized). While the version has workers, TorchServe's way: an error for each request,
+     * or, for a stopped worker, the batch back in the queue for another. With none left
+     * (unregistered, or scaled to none), each request is answered 503 with Retry-After: TorchServe
+     * would answer it 500 "Worker died." or queue it where no worker will ever take it. Either
+     * way the batch's requests are no longer counted as in a batch. */
+    @Override
+    public synchronized void sendError(BaseModelRequest message, String error, int status) {
+        try {
+            if (model.getMaxWorkers() > 0 || message instanceof ModelLoadModelRequest) {
+                super.sendError(message, error, status);
+            } else {
+                answerStopped(error, status);
+            }
+        } finally {
+            release();
+        }
+    }
+
+    private void answerStopped(String error, int status) {
+        String message = "version " + model.getVersion() + " of " + model.getModelName()
+                + " was unregistered or scaled to no workers while this request was computed,"
+                + " and no worker is left to answer it: send it again";
+        for (Job job : new ArrayList<>(jobs.values())) {
+            if (job.isControlCmd()) {
+                job.sendError(status, error);
+            } else {
+                respond(job, SHED_STATUS, "ServiceUnavailable", message,
+                        Map.of("Retry-After", "1"));
+            }
+        }
+        jobs.clear();
     }
 
     /** Null when `job` may still be computed; else why not, after answering it: 400 for a bad
@@ -421,6 +495,12 @@ public class ContinuousBatching extends BatchAggregator {
     private static void answer(Job job, int status, String type, String message,
             Map<String, String> headers) {
         job.setScheduled();
+        respond(job, status, type, message, headers);
+    }
+
+    /** `answer` for a request that has left the queue already. */
+    private static void respond(Job job, int status, String type, String message,
+            Map<String, String> headers) {
         if (job instanceof GRPCJob) {
             job.sendError(status, message);
             return;
@@ -479,6 +559,22 @@ public class ContinuousBatching extends BatchAggregator {
         return latency;
     }
 
+    /** The gauge of requests in a batch (see the class comment); null in other metrics modes, or
+     * where it cannot be made (logged). */
+    private static synchronized Gauge inBatchGauge() {
+        if (inBatch == null && ConfigManager.getInstance().getMetricsMode()
+                == MetricBuilder.MetricMode.PROMETHEUS) {
+            try {
+                inBatch = Gauge.build().name(IN_BATCH_METRIC)
+                        .help("Requests workers have taken into a batch and not yet answered")
+                        .labelNames("model_name", "model_version", "hostname").register();
+            } catch (RuntimeException e) {
+                logger.warn("no {} metric: {}", IN_BATCH_METRIC, e.toString());
+            }
+        }
+        return inBatch;
+    }
+
     /** TorchServe's gRPC jobs send whatever body a request gets as an answer with status OK
      * (GRPCJob.response ignores the per-request status), so a client of its gRPC API could not
      * tell a refused request from an answer. Here a request the handler answered with a status of
@@ -510,6 +606,10 @@ public class ContinuousBatching extends BatchAggregator {
                 }
             }
         }
-        return super.sendResponse(message);
+        boolean done = super.sendResponse(message);
+        if (done) {
+            release();
+        }
+        return done;
     }
 }

@@ -121,13 +121,15 @@ def canary_commands(model: str, candidate: str) -> Commands:
 
 def run_steps(instance: TorchServeInstance, store: Path, model: str, clock: Callable[[], float],
               history: Path, canary: bool) -> list[Step]:
-    client = TorchServeClient(instance.management_url, instance.inference_url)
+    client = TorchServeClient(instance.management_url, instance.inference_url,
+                              metrics_url=instance.metrics_url)
     current = client.describe(model, None)[0]
     second = archive_with_version(store, current["modelUrl"], f"{current['modelVersion']}-drill")
     commands = (canary_commands(model, second) if canary
                 else rollout_commands(model, second, len(current["workers"])))
     common = ["--management-url", instance.management_url, "--inference-url", instance.inference_url,
-              "--model-store", str(store), "--history", str(history)]
+              "--metrics-url", instance.metrics_url, "--model-store", str(store),
+              "--history", str(history)]
     steps = []
     for name, arguments in commands:
         started, started_s = time.monotonic(), clock()

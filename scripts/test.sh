@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole check: set up what is needed, lint, type-check, run every test (real TorchServe included).
-# Arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow and not server"` (the fast tier).
+# Arguments go to pytest, e.g. `bash scripts/test.sh tests/unit -m "not slow"` (the fast tier).
 # The tests run in two processes (pytest-xdist; a module's tests stay in one, with its servers;
 # the modules are handed out in tests/conftest.py's order, the longest first);
 # `-n 0` after them runs everything in this one (docs/testing.md).

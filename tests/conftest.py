@@ -1,8 +1,9 @@
 """Session-wide fixtures: archives are built once, with the real torch-model-archiver.
 
 Tiers: tests that use the real archives (`model_store`, `classifier`: about a minute to build)
-are marked `slow` here, as are modules marked `slow` themselves; server tests are marked
-`server`. `pytest -m "not slow and not server"` is the fast tier: pure code and tiny models.
+are marked `slow` here; tests that build archives of their own, export a network or compile the
+frontend agent are marked `slow` where they are; server tests are marked `server`.
+`pytest tests/unit -m "not slow"` is the fast tier: pure code and tiny models.
 """
 
 from __future__ import annotations

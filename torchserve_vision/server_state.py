@@ -90,10 +90,10 @@ def outstanding(client: TorchServeClient, versions: list[tuple[str, str]]) -> Ou
 
 
 def wait_until_answered(outstanding: Callable[[], Outstanding], timeout_s: float,
-                        grace_s: float) -> bool:
-    """Wait until nothing is queued or in a batch for half a second (five polls in a row); then,
-    only when some version's batches cannot be seen (`Outstanding.unseen`), `grace_s` for
-    them. False after `timeout_s` (continuous load)."""
+                        grace_s: float, poll_s: float = 0.1) -> bool:
+    """Wait until nothing is queued or in a batch for five polls in a row (`poll_s` apart: half
+    a second); then, only when some version's batches cannot be seen (`Outstanding.unseen`),
+    `grace_s` for them. False after `timeout_s` (continuous load)."""
     quiet_polls, unseen = [0], [0]
 
     def stayed_quiet() -> bool:
@@ -103,7 +103,7 @@ def wait_until_answered(outstanding: Callable[[], Outstanding], timeout_s: float
         return quiet_polls[0] >= 5
 
     try:
-        wait_until(stayed_quiet, timeout_s, "no request queued or in a batch")
+        wait_until(stayed_quiet, timeout_s, "no request queued or in a batch", interval_s=poll_s)
     except TimeoutError:
         return False
     if unseen[0]:

@@ -102,6 +102,7 @@ def served_top(mar: Path, work: Path) -> list[list[int]]:
     return [[c["index"] for c in answer] for answer in answers]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["torchscript", "export"])
 def test_program_files_serve_the_same_answers_as_the_eager_model(source, tiny_net, labels_file,
                                                                  tmp_path):
@@ -120,6 +121,7 @@ def test_program_files_serve_the_same_answers_as_the_eager_model(source, tiny_ne
     assert len({tuple(order) for order in served}) == len(PHOTOS)  # answers differ per photo
 
 
+@pytest.mark.slow
 def test_a_torchvision_classifier_by_name_from_a_state_dict(labels_file, tmp_path):
     torch.manual_seed(0)
     model = torchvision.models.get_model("mobilenet_v3_small", weights=None, num_classes=10)
@@ -156,6 +158,7 @@ def test_unknown_architecture_stops_the_build(labels_file, tmp_path):
                       tmp_path)
 
 
+@pytest.mark.slow
 def test_weights_that_do_not_fit_stop_the_build(tmp_path):
     weights = tmp_path / "w.pth"
     torch.save(torchvision.models.get_model("resnet18", num_classes=10).state_dict(), weights)
@@ -234,6 +237,7 @@ def test_the_default_classifier_archive_holds_compiled_packages_and_the_timeouts
         for kind, order in DEFAULT_RUNNER_ORDER.items()}
 
 
+@pytest.mark.slow
 def test_an_archive_built_for_some_engines_holds_only_their_models_and_orders_only_them(tmp_path):
     """`compile: {engines: [onnxruntime]}` on timm's tiny test network: only the ONNX model is
     built, the recorded order names only its runner, and the worker serves it."""
@@ -254,6 +258,7 @@ def test_an_archive_built_for_some_engines_holds_only_their_models_and_orders_on
     assert handler.runner == "onnxruntime-fp32"
 
 
+@pytest.mark.slow
 def test_an_archive_for_gpu_workers_holds_no_cpu_packages_and_still_answers(tmp_path):
     """`build --target gpu` (the GPU image): the described Lite0 with its `compile:` section gets
     no ahead-of-time CPU packages, and its handler serves the eager network."""

@@ -122,6 +122,7 @@ def same_classes(got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> N
                                                             abs=1e-5)
 
 
+@pytest.mark.slow
 def test_the_tiny_stages_tell_the_photos_apart_and_disagree(handlers):
     _, first, second = handlers
     first_top1 = [solo(first, name)[0]["index"] for name in PHOTOS]
@@ -130,6 +131,7 @@ def test_the_tiny_stages_tell_the_photos_apart_and_disagree(handlers):
     assert first_top1 != second_top1  # otherwise a wrong stage could not be seen
 
 
+@pytest.mark.slow
 def test_never_and_always_answer_with_the_first_and_the_second_model(handlers):
     cascade, first, second = handlers
     bodies = [as_json(name, escalation=mode) for name in PHOTOS for mode in ("never", "always")]
@@ -144,6 +146,7 @@ def test_never_and_always_answer_with_the_first_and_the_second_model(handlers):
         assert context.response_headers[2 * position + 1][ANSWERED_BY_HEADER] == "tiny_second-1.0"
 
 
+@pytest.mark.slow
 def test_auto_escalates_exactly_the_requests_below_the_threshold_in_a_mixed_batch(handlers):
     cascade, first, second = handlers
     top1 = {name: solo(first, name)[0]["probability"] for name in PHOTOS}
@@ -160,6 +163,7 @@ def test_auto_escalates_exactly_the_requests_below_the_threshold_in_a_mixed_batc
     assert sum(answer[0]["model"] == "tiny_second-1.0" for answer in answers) == 2
 
 
+@pytest.mark.slow
 def test_a_bad_upload_or_option_fails_only_itself_and_metrics_count_escalations(handlers, caplog):
     cascade, first, second = handlers
     bodies = [as_json("chelsea.png", escalation="always"), bytearray(b"not an image"),
@@ -176,6 +180,7 @@ def test_a_bad_upload_or_option_fails_only_itself_and_metrics_count_escalations(
     assert record["gauges"] == {"EscalationRate": 0.5}
 
 
+@pytest.mark.slow
 def test_an_open_inference_protocol_request_names_the_model_that_answered(handlers):
     cascade, _, second = handlers
     body = {"id": "7", "parameters": {"escalation": "always", "top_k": 2},
@@ -188,11 +193,13 @@ def test_an_open_inference_protocol_request_names_the_model_that_answered(handle
 
 
 # --- building ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_cascade_needs_its_stage_archives_in_the_store(store, tmp_path):
     with pytest.raises(BuildError, match=r"tiny_missing-1.0.mar.*build it first"):
         build_archive(cascade_description(second="tiny_missing-1.0"), store)
 
 
+@pytest.mark.slow
 def test_a_cascade_stage_must_be_a_classifier(store, tmp_path):
     build_archive(parse_description({
         "name": "tiny_detector", "version": "1.0", "task": "detection", "labels": "coco",
@@ -204,11 +211,13 @@ def test_a_cascade_stage_must_be_a_classifier(store, tmp_path):
         build_archive(cascade_description(second="tiny_detector-1.0"), tmp_path)
 
 
+@pytest.mark.slow
 def test_a_bad_escalation_setting_stops_the_build(store):
     with pytest.raises(BuildError, match=r"escalation\.threshold"):
         build_archive(cascade_description(escalation={"threshold": 2}), store)
 
 
+@pytest.mark.slow
 def test_the_serving_labs_profiler_runs_a_cascade_archive(store):
     """Pipelines are archives like any other: `lab profile` loads them by their entry module."""
     from torchserve_vision.lab.profile import profile_archive
@@ -217,6 +226,7 @@ def test_the_serving_labs_profiler_runs_a_cascade_archive(store):
     assert profile.batch_sizes == [1, 2] and all(ms > 0 for ms in profile.handler_ms)
 
 
+@pytest.mark.slow
 def test_the_v2_metadata_declares_what_the_cascade_answers(handlers):
     cascade = handlers[0]
     body = {"inputs": [{"name": "image", "shape": [2], "datatype": "BYTES",

@@ -29,6 +29,8 @@ from torchserve_vision.archives.build import BuildError, build_archive
 from torchserve_vision.lab.local_handler import LocalContext, archive_context
 from torchserve_vision.model_descriptions import parse_description
 
+pytestmark = pytest.mark.slow   # every test reads the pipeline archives the module builds
+
 PHOTOS = ["chelsea.png", "rocket.jpg", "astronaut.png", "coffee.png"]  # three sizes
 LOW: dict[str, Any] = {"score_threshold": 0.05}  # fixed-seed scores are low; enough boxes to classify
 

@@ -12,6 +12,7 @@ import pytest
 from torchserve_vision.frontend import agent
 
 
+@pytest.mark.slow
 def test_the_jar_holds_the_agent_and_hides_the_class_it_substitutes(tmp_path: Path):
     jar = agent.build_agent_jar(tmp_path / "agent.jar")
     with zipfile.ZipFile(jar) as archive:
@@ -25,6 +26,7 @@ def test_the_jar_holds_the_agent_and_hides_the_class_it_substitutes(tmp_path: Pa
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_the_jar_is_built_once_and_again_when_a_source_changes(tmp_path: Path, monkeypatch):
     sources = tmp_path / "frontend"
     shutil.copytree(agent.SOURCES, sources, ignore=shutil.ignore_patterns("build", "*.py", "__pycache__"))

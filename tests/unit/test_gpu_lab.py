@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 import torch
 from torch import nn
 
@@ -17,6 +18,7 @@ from torchserve_vision.lab.gpu_reference import classifier_pipeline, model_only
 from torchserve_vision.lab.process_load import run_processes, trivial_responder
 
 
+@pytest.mark.slow
 def test_several_load_processes_measure_the_trivial_responder_without_errors(tmp_path):
     bodies = [b"x" * 1000, b"y" * 2000, b"z" * 3000]
     with trivial_responder(2) as url:
@@ -27,6 +29,7 @@ def test_several_load_processes_measure_the_trivial_responder_without_errors(tmp
     assert report.latency_ms["p50"] > 0
 
 
+@pytest.mark.slow
 def test_a_refused_connection_is_counted_as_an_error(tmp_path):
     report = run_processes("http://127.0.0.1:9/predictions/nothing", [b"x"], clients=1, processes=1,
                            duration_s=0.3, warm_up_s=0.0, work_dir=tmp_path)

@@ -167,6 +167,7 @@ def yolo_handler(tmp_path_factory) -> ObjectDetectorHandler:
     return load_detector(extract_archive(mar, work / "extracted"))
 
 
+@pytest.mark.slow
 def test_yolo_boxes_land_on_the_objects_in_original_pixels_for_every_orientation(yolo_handler):
     cases = [((480, 640), (100, 50, 300, 200)),    # landscape
              ((640, 480), (30, 400, 200, 620)),    # portrait
@@ -182,6 +183,7 @@ def test_yolo_boxes_land_on_the_objects_in_original_pixels_for_every_orientation
         assert answer[0]["score"] == pytest.approx(0.9)
 
 
+@pytest.mark.slow
 def test_yolo_requests_in_one_batch_keep_their_own_options(yolo_handler):
     image = picture_with_bright_box((200, 300), (50, 50, 100, 100))
     rows = [{"body": bytearray(image)}, {"body": {"data": base64.b64encode(image).decode(),
@@ -191,6 +193,7 @@ def test_yolo_requests_in_one_batch_keep_their_own_options(yolo_handler):
     assert len(answers[0]) == 1 and answers[1] == []
 
 
+@pytest.mark.slow
 def test_bad_options_and_bad_images_fail_alone(yolo_handler):
     image = picture_with_bright_box((200, 300), (50, 50, 100, 100))
     rows = [{"body": bytearray(image)}, {"body": {"data": "bm90IGFuIGltYWdl"}},

@@ -17,9 +17,11 @@ from typing import Any
 import torch
 
 from handlers.batch_record import BatchRecord
+from handlers.ground.decoded_requests import DecodedImage
+from handlers.ground.kind_options import CascadeOptions
 from handlers.model.classifier_model import ClassifierModel
 from handlers.model.pipeline_settings import CascadeSettings, StageArchive, parse_cascade_settings
-from handlers.request.cascade_options import OPTION_FIELDS, CascadeOptions, parse_cascade_options
+from handlers.request.cascade_options import OPTION_FIELDS, parse_cascade_options
 from handlers.request.inference_protocol import (
     CLASSIFICATION_OUTPUTS,
     OutputSpec,
@@ -27,7 +29,6 @@ from handlers.request.inference_protocol import (
     classification_outputs,
     tensor,
 )
-from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.shadow.answer_comparison import AnswerComparison, compare_classifications
 from handlers.task.cascade import CascadeInput, CascadeOutput, confidences, escalated

@@ -19,14 +19,12 @@ from typing import Any
 import torch
 
 from handlers.batch_record import BatchRecord
+from handlers.ground.decoded_requests import DecodedImage
+from handlers.ground.kind_options import DetectClassifyOptions
 from handlers.model.classifier_model import ClassifierModel
 from handlers.model.detector_model import DetectorModel
 from handlers.model.pipeline_settings import DetectClassifySettings, parse_detect_classify_settings
-from handlers.request.detect_classify_options import (
-    OPTION_FIELDS,
-    DetectClassifyOptions,
-    parse_detect_classify_options,
-)
+from handlers.request.detect_classify_options import OPTION_FIELDS, parse_detect_classify_options
 from handlers.request.inference_protocol import (
     DETECTION_OUTPUTS,
     OutputSpec,
@@ -34,7 +32,6 @@ from handlers.request.inference_protocol import (
     detection_outputs,
     tensor,
 )
-from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.shadow.answer_comparison import AnswerComparison, compare_detections
 from handlers.task.box_crops import crop_boxes

@@ -14,21 +14,18 @@ from typing import Any
 import torch
 
 from handlers.drift.drift_features import Observation, classification_observations
+from handlers.ground.decoded_requests import DecodedImage
+from handlers.ground.kind_options import ClassificationOptions
 from handlers.model.classifier_model import ClassifierModel
 from handlers.model.compiled_model import Runner
 from handlers.model.settings import ClassifierSettings, parse_classifier_settings
-from handlers.request.classification_options import (
-    OPTION_FIELDS,
-    ClassificationOptions,
-    parse_classification_options,
-)
+from handlers.request.classification_options import OPTION_FIELDS, parse_classification_options
 from handlers.request.inference_protocol import (
     CLASSIFICATION_OUTPUTS,
     OutputSpec,
     TensorOutput,
     classification_outputs,
 )
-from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.shadow.answer_comparison import AnswerComparison, compare_classifications
 from handlers.task.classification import ClassScore, top_k_classes

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from handlers.drift.drift_features import Observation, detection_observations
+from handlers.ground.decoded_requests import DecodedImage
+from handlers.ground.kind_options import DetectionOptions
 from handlers.model.detector_model import DetectorModel
 from handlers.model.settings import DetectorSettings, parse_detector_settings
 from handlers.request.detection_options import OPTION_FIELDS, parse_detection_options
@@ -24,10 +26,9 @@ from handlers.request.inference_protocol import (
     TensorOutput,
     detection_outputs,
 )
-from handlers.request_slot import DecodedImage
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.shadow.answer_comparison import AnswerComparison, compare_detections
-from handlers.task.detection import Detection, DetectionOptions, DetectorInput, format_detections
+from handlers.task.detection import Detection, DetectorInput, format_detections
 
 Item = DecodedImage[DetectionOptions]
 

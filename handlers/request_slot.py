@@ -11,35 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-import torch
-
-from handlers.errors import ClientError
+from handlers.ground.decoded_requests import ParsedRequest
+from handlers.ground.errors import ClientError
 from handlers.request.inference_protocol import V2Request
 
-Options = TypeVar("Options")
 HeaderReader = Callable[[str], "str | None"]
-
-
-@dataclass(frozen=True)
-class ParsedRequest(Generic[Options]):
-    """A request's encoded images and its options (one frozen dataclass per model kind).
-    `several`: it asked for several images (KServe v1 `instances`, a v2 input of shape [n]), so
-    its answer is a list, one entry per image, even when it sent one."""
-
-    images: tuple[bytes, ...]
-    options: Options
-    several: bool = False
-
-
-@dataclass(frozen=True)
-class DecodedImage(Generic[Options]):
-    """A decoded request: its image (`uint8[3, H, W]`, display orientation, on the worker's
-    device) and its options."""
-
-    image: torch.Tensor
-    options: Options
 
 
 @dataclass(eq=False)

@@ -4,7 +4,7 @@
 (handlers.request_slot): read the protocol, parse (image bytes + options, once), look up the
 response cache, decode, answer (preprocess -> infer -> postprocess over the open requests),
 store in the cache, count drift and sample payloads (handlers.drift), offer copies to a shadow
-candidate, respond. The protocol (handlers.request.protocol_stage), the cache
+candidate, respond. The protocol (handlers.protocol_stage), the cache
 (handlers.cache.cache_stage) and the others plug in as small stage objects.
 
 Subclasses implement small hooks, each with one job: `parse_settings(handler_section)` and
@@ -38,15 +38,14 @@ from handlers.drift.drift_features import Observation
 from handlers.drift.drift_profile import read_profile
 from handlers.drift.drift_stage import DriftStage
 from handlers.drift.payload_samples import PayloadSampler, payload_sampler_for
-from handlers.errors import ClientError
+from handlers.ground.decoded_requests import DecodedImage, ParsedRequest
+from handlers.ground.errors import ClientError
+from handlers.ground.limits import ImageLimits
 from handlers.model.host_batches import host_batches, solo_eligible
 from handlers.model.model_loading import resolve_device
 from handlers.model.runner_selection import RunnerChoice
-from handlers.model.settings import (
-    ImageLimits,
-    parse_log_batches,
-    parse_torch_threads,
-)
+from handlers.model.settings import parse_log_batches, parse_torch_threads
+from handlers.protocol_stage import ProtocolStage
 from handlers.request.decode import DecodeResult, decode_images
 from handlers.request.inference_protocol import (
     IMAGE_INPUT_METADATA,
@@ -54,9 +53,8 @@ from handlers.request.inference_protocol import (
     TensorOutput,
     output_metadata,
 )
-from handlers.request.protocol_stage import ProtocolStage
 from handlers.request.request_body import extract_images
-from handlers.request_slot import DecodedImage, HeaderReader, ParsedRequest, RequestSlot, open_slots
+from handlers.request_slot import HeaderReader, RequestSlot, open_slots
 from handlers.shadow.answer_comparison import AnswerComparison
 from handlers.shadow.shadow_stage import ShadowStage, shadow_stage_for
 from handlers.torchserve_context import (

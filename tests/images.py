@@ -12,7 +12,7 @@ import skimage
 import torch
 from PIL import Image
 
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
 
 PHOTOS_DIR = Path(skimage.__file__).parent / "data"
 CAT_LABELS = {"tabby", "tiger cat", "Egyptian cat"}

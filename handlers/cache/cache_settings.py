@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from handlers.model.settings import SettingsError
+from handlers.ground.limits import SettingsError
 
 DEFAULT_MEMORY_BYTES = 64 * 1024 * 1024
 ON_WORDS, OFF_WORDS = {"1", "on", "true", "yes"}, {"0", "off", "false", "no"}

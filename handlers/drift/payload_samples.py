@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from handlers.batch_metrics import emit_payload_samples
-from handlers.model.settings import SettingsError
+from handlers.ground.limits import SettingsError
 from handlers.request_slot import RequestSlot, computed_images
 
 logger = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ import torch
 from torchvision.ops import clip_boxes_to_image
 from torchvision.transforms.v2 import functional as F
 
+from handlers.ground.kind_options import DetectionOptions
 from handlers.task.detection import (
-    DetectionOptions,
     DetectionTensors,
     DetectorInput,
     candidate_score_threshold,

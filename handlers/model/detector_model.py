@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from handlers.ground.kind_options import DetectionOptions
 from handlers.model import model_loading
 from handlers.model.compiled_model import MachineTarget
 from handlers.model.detector_formats import DetectorFormat, detector_format
@@ -23,12 +24,7 @@ from handlers.model.model_loading import autocast, load_for_serving
 from handlers.model.runner_selection import RunnerChoice, choose_detector_runner
 from handlers.model.settings import DetectorSettings
 from handlers.model.ssd_engine import SsdEngineDetector
-from handlers.task.detection import (
-    DetectionOptions,
-    DetectionTensors,
-    DetectorInput,
-    lowest_score_asked,
-)
+from handlers.task.detection import DetectionTensors, DetectorInput, lowest_score_asked
 
 WARM_UP_SIZE_HW = (480, 640)
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from handlers.ground.escalation import Escalation, EscalationRule
+from handlers.ground.kind_options import DetectionOptions
+from handlers.ground.limits import ImageLimits, SettingsError
 from handlers.model.settings import (
     ClassifierSettings,
     DetectorSettings,
-    ImageLimits,
-    SettingsError,
     _choice,
     _fraction_setting,
     _positive_int,
@@ -34,9 +35,7 @@ from handlers.model.settings import (
     parse_detector_settings,
     parse_limits,
 )
-from handlers.task.detection import DetectionOptions
 
-EscalationRule = Literal["probability", "margin"]
 CASCADE_STAGES = ("first", "second")
 DETECT_CLASSIFY_STAGES = ("detector", "classifier")
 
@@ -50,15 +49,6 @@ class StageArchive:
     directory: str
     serialized_file: str
     handler: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Escalation:
-    """When the first stage's answer is not enough: its confidence below `threshold`, where the
-    confidence is the top-1 probability (`probability`) or top-1 minus top-2 (`margin`)."""
-
-    rule: EscalationRule
-    threshold: float
 
 
 @dataclass(frozen=True)

@@ -14,27 +14,17 @@ for that request alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
+from handlers.ground.kind_options import CascadeOptions, EscalationMode
 from handlers.request.classification_options import OPTION_HEADERS as TOP_K_HEADERS
 from handlers.request.classification_options import top_k_option
 from handlers.request.request_options import invalid_option, option_values, parse_fraction
 
-EscalationMode = Literal["auto", "never", "always"]
 OPTION_HEADERS = {**TOP_K_HEADERS, "escalation": "X-Escalation",
                   "escalation_threshold": "X-Escalation-Threshold"}
 OPTION_FIELDS = frozenset(OPTION_HEADERS)
 ESCALATION_MODES: tuple[str, ...] = get_args(EscalationMode)
-
-
-@dataclass(frozen=True)
-class CascadeOptions:
-    """How many classes a request wants and how it escalates (`threshold` applies to `auto`)."""
-
-    top_k: int
-    escalation: EscalationMode
-    threshold: float
 
 
 def parse_escalation_mode(value: object) -> EscalationMode:

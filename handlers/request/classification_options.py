@@ -11,20 +11,13 @@ of classes. A malformed or out-of-range value is a 400 for that request alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from handlers.ground.kind_options import ClassificationOptions
 from handlers.request.request_options import option_values, parse_count
 
 OPTION_HEADERS = {"top_k": "X-Top-K"}
 OPTION_FIELDS = frozenset(OPTION_HEADERS)
-
-
-@dataclass(frozen=True)
-class ClassificationOptions:
-    """How many of the most probable classes a request asks for."""
-
-    top_k: int
 
 
 def top_k_option(values: Mapping[str, object], default: int, class_count: int) -> int:

@@ -39,8 +39,8 @@ from PIL import Image, ImageOps
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import to_dtype
 
-from handlers.errors import ClientError
-from handlers.model.settings import ImageLimits
+from handlers.ground.errors import ClientError
+from handlers.ground.limits import ImageLimits
 from handlers.request.image_header import (
     ACCEPTED_FORMATS,
     ImageHeader,

@@ -12,32 +12,46 @@ A body value beats a header; a malformed value is a 400 for that request alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from handlers.model.pipeline_settings import DetectClassifySettings
+from handlers.ground.kind_options import BoxOptions, DetectClassifyOptions, DetectionOptions
 from handlers.request.classification_options import top_k_option
 from handlers.request.detection_options import OPTION_HEADERS as DETECTION_HEADERS
 from handlers.request.detection_options import parse_class_set, parse_detection_options
 from handlers.request.request_options import option_values, parse_count
-from handlers.task.detection import DetectionOptions
 
 BOX_HEADERS = {"max_boxes": "X-Max-Boxes", "classify_classes": "X-Classify-Classes",
                "top_k": "X-Top-K"}
 OPTION_FIELDS = frozenset(DETECTION_HEADERS) | frozenset(BOX_HEADERS)
 
 
-@dataclass(frozen=True)
-class BoxOptions:
-    """Which of a request's detections are classified, and how many classes each gets."""
+class DetectorCaps(Protocol):
+    @property
+    def max_detections_cap(self) -> int: ...
 
-    max_boxes: int
-    classes: frozenset[int] | None   # detector class indices; None: every class
-    top_k: int
+
+class DetectClassifyDefaults(Protocol):
+    """What the options read of the pipeline's settings (`handlers.model.pipeline_settings.
+    DetectClassifySettings` is one): each option's default and cap."""
+
+    @property
+    def max_boxes(self) -> int: ...
+
+    @property
+    def max_boxes_cap(self) -> int: ...
+
+    @property
+    def top_k(self) -> int: ...
+
+    @property
+    def detection_defaults(self) -> DetectionOptions: ...
+
+    @property
+    def detector_settings(self) -> DetectorCaps: ...
 
 
 def parse_box_options(row: Mapping[str, Any], header: Callable[[str], str | None],
-                      settings: DetectClassifySettings, detector_labels: Sequence[str],
+                      settings: DetectClassifyDefaults, detector_labels: Sequence[str],
                       classifier_class_count: int) -> BoxOptions:
     values = option_values(row, header, BOX_HEADERS)
     return BoxOptions(
@@ -49,16 +63,8 @@ def parse_box_options(row: Mapping[str, Any], header: Callable[[str], str | None
     )
 
 
-@dataclass(frozen=True)
-class DetectClassifyOptions:
-    """A request's detection options and which of its boxes are classified."""
-
-    detection: DetectionOptions
-    boxes: BoxOptions
-
-
 def parse_detect_classify_options(row: Mapping[str, Any], header: Callable[[str], str | None],
-                                  settings: DetectClassifySettings, detector_labels: Sequence[str],
+                                  settings: DetectClassifyDefaults, detector_labels: Sequence[str],
                                   classifier_class_count: int) -> DetectClassifyOptions:
     """This request's options; ClientError(400) when invalid."""
     detection = parse_detection_options(row, header, settings.detection_defaults, detector_labels,

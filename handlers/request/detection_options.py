@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from handlers.ground.kind_options import DetectionOptions
 from handlers.request.request_options import invalid_option, option_values, parse_count, parse_fraction
-from handlers.task.detection import DetectionOptions
 
 OPTION_HEADERS = {
     "score_threshold": "X-Score-Threshold",

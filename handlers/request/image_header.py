@@ -21,8 +21,8 @@ from PIL import (  # the plugins of every accepted format, so Image.open(formats
     WebPImagePlugin,  # noqa: F401
 )
 
-from handlers.errors import ClientError
-from handlers.model.settings import ImageLimits
+from handlers.ground.errors import ClientError
+from handlers.ground.limits import ImageLimits
 
 # Pillow opens MPO files through its JPEG plugin and reports format "MPO".
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")

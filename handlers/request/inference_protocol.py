@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
 
 TensorOutput = dict[str, Any]
 BINARY_HEADER = "Inference-Header-Content-Length"

@@ -16,7 +16,7 @@ import base64
 import binascii
 from collections.abc import Collection, Mapping
 
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
 
 # Multipart field names tried first, in order; otherwise the single binary field is taken.
 IMAGE_FIELD_NAMES = ("data", "image", "file", "body")

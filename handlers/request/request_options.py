@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
+from handlers.ground.fractions import fraction_of
 
 
 def invalid_option(name: str, value: object, expected: str) -> ClientError:
@@ -30,18 +30,6 @@ def parse_count(name: str, value: object, cap: int) -> int:
     return number
 
 
-def fraction_of(value: object, *, allow_zero: bool = True) -> float | None:
-    """`value` (a number or its text) as a float in [0, 1] ((0, 1] without `allow_zero`), or
-    None when it is not one. The one check of a fraction, for options and settings alike."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    if math.isnan(number) or number > 1 or number < 0 or (number == 0 and not allow_zero):
-        return None
-    return number
 
 
 def parse_fraction(name: str, value: object, *, allow_zero: bool = True) -> float:

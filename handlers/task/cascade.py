@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from handlers.model.pipeline_settings import EscalationRule
-from handlers.request.cascade_options import CascadeOptions
-from handlers.request_slot import DecodedImage
+from handlers.ground.decoded_requests import DecodedImage
+from handlers.ground.escalation import EscalationRule
+from handlers.ground.kind_options import CascadeOptions
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from handlers.request.detect_classify_options import BoxOptions, DetectClassifyOptions
-from handlers.request_slot import DecodedImage
+from handlers.ground.decoded_requests import DecodedImage
+from handlers.ground.kind_options import BoxOptions, DetectClassifyOptions
 from handlers.task.detection import DetectionTensors, DetectorInput
 
 

@@ -15,17 +15,8 @@ from typing import NamedTuple, TypedDict
 import torch
 from torchvision.ops import batched_nms, box_convert
 
+from handlers.ground.kind_options import DetectionOptions
 from handlers.task.letterbox import Letterbox
-
-
-@dataclass(frozen=True)
-class DetectionOptions:
-    """What one request asks for: thresholds, a cap and an optional class filter."""
-
-    score_threshold: float
-    iou_threshold: float
-    max_detections: int
-    classes: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)

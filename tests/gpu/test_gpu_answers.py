@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from handlers.errors import ClientError
-from handlers.model.settings import ImageLimits
+from handlers.ground.errors import ClientError
+from handlers.ground.limits import ImageLimits
 from handlers.request.decode import decode_images
 from handlers.task.fixed_point_resize import resize_exact
 from tests.answers import default_classifier

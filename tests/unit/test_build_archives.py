@@ -17,8 +17,8 @@ from torch import nn
 import handlers
 from handlers.drift.drift_features import CLASSIFICATION_FEATURES, class_range
 from handlers.drift.drift_profile import PROFILE_FILE, DriftProfile
+from handlers.ground.limits import ImageLimits
 from handlers.model.runner_order import DEFAULT_RUNNER_ORDER
-from handlers.model.settings import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from handlers.task.transforms import preprocess_classification_batch
 from tests.archives import (

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from handlers.classification_cascade import ANSWERED_BY_HEADER, ClassificationCascadeHandler
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
+from handlers.ground.kind_options import CascadeOptions
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.model.answer_agreement import probability_bound
-from handlers.request.cascade_options import CascadeOptions, parse_cascade_options
+from handlers.request.cascade_options import parse_cascade_options
 from handlers.task.cascade import confidences, escalated
 from tests.archives import extract_archive, initialized
 from tests.images import photo_bytes

@@ -7,8 +7,8 @@ import pytest
 import torch
 from PIL import Image, ImageFile, ImageOps
 
-from handlers.errors import ClientError
-from handlers.model.settings import ImageLimits
+from handlers.ground.errors import ClientError
+from handlers.ground.limits import ImageLimits
 from handlers.request import decode
 from handlers.request.decode import decode_image_bytes
 from handlers.request.image_header import read_header

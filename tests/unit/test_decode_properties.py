@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from handlers.errors import ClientError
-from handlers.model.settings import ImageLimits
+from handlers.ground.errors import ClientError
+from handlers.ground.limits import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from handlers.request.request_body import extract_image_bytes
 from tests.images import encode, exif_with_orientation, textured_rgb

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from handlers.detect_then_classify import DetectThenClassifyHandler
+from handlers.ground.limits import ImageLimits
 from handlers.image_classifier import ImageClassifierHandler
-from handlers.model.settings import ImageLimits
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.request.decode import decode_image_bytes
 from handlers.request.detection_options import parse_detection_options

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from handlers.ground.kind_options import DetectionOptions
 from handlers.model.detector_formats import candidates_from, yolo_detections
 from handlers.task.detection import (
-    DetectionOptions,
     DetectionTensors,
     candidate_score_threshold,
     format_detections,

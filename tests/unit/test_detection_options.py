@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
+from handlers.ground.kind_options import DetectionOptions
 from handlers.request.detection_options import parse_detection_options
-from handlers.task.detection import DetectionOptions
 
 DEFAULTS = DetectionOptions(score_threshold=0.3, iou_threshold=0.45, max_detections=100)
 LABELS = ["__background__", "person", "bicycle", "car"]

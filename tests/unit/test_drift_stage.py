@@ -8,8 +8,9 @@ import torch
 
 from handlers.drift.drift_profile import DriftProfile
 from handlers.drift.drift_stage import DriftStage
-from handlers.errors import ClientError
-from handlers.request_slot import DecodedImage, ParsedRequest, RequestSlot
+from handlers.ground.decoded_requests import DecodedImage, ParsedRequest
+from handlers.ground.errors import ClientError
+from handlers.request_slot import RequestSlot
 from tests.images import encode, textured_rgb
 from tests.recording_metrics import RecordingMetrics
 

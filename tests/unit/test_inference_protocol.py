@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
 from handlers.request.classification_options import parse_classification_options
 from handlers.request.inference_protocol import (
     V2Request,

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from handlers.errors import ClientError
-from handlers.model.settings import ImageLimits
+from handlers.ground.errors import ClientError
+from handlers.ground.limits import ImageLimits
 from handlers.request import jpeg_batches
 from handlers.request.decode import decode_image_bytes, decode_images
 from handlers.request.image_header import read_header, read_jpeg_coding

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = (ROOT / "docs" / "layout.md").read_text()
@@ -44,3 +47,62 @@ def test_each_handlers_subpackage_lists_its_own_modules():
     for name, listed in sections.items():
         on_disk = {path.name for path in (ROOT / "handlers" / name).glob("*.py")} - {"__init__.py"}
         assert listed == on_disk, name
+
+
+# --- one-way layers inside handlers/ ---------------------------------------------------------------
+# Lowest first: a module of one of these folders imports from its own folder or a lower one only.
+LAYERS = ("ground", "request", "task", "model")
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a `handlers.<folder>...` module belongs to; None for anything else of handlers/
+    (the top level, the stages' folders), which every layer lies below."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else None
+
+
+def upward_imports(module: str, source: str) -> list[str]:
+    """The imports of handlers/ in `source` (the text of `module`) that leave its layer for a
+    higher one or for a part of handlers/ above every layer."""
+    own = LAYERS.index(layer_of(module) or "")
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                 else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+        for name in names:
+            if name.split(".")[0] != "handlers":
+                continue
+            target = layer_of(name)
+            if target is None and isinstance(node, ast.ImportFrom) and name in (
+                    f"handlers.{layer}" for layer in LAYERS):   # `from handlers.model import x`
+                target = name.split(".")[1]
+            if target is None or LAYERS.index(target) > own:
+                found.append(f"{module} imports {name}")
+    return found
+
+
+def test_the_handlers_layers_import_downward_only():
+    found = []
+    for layer in LAYERS:
+        for path in sorted((ROOT / "handlers" / layer).glob("*.py")):
+            module = f"handlers.{layer}.{path.stem}"
+            found += upward_imports(module, path.read_text())
+    assert found == []
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("handlers.request.decode", "from handlers.model.settings import ClassifierSettings\n"),
+    ("handlers.task.cascade", "from handlers.model.pipeline_settings import CascadeSettings\n"),
+    ("handlers.ground.limits", "import handlers.task.detection\n"),
+    ("handlers.model.settings", "from handlers.request_slot import RequestSlot\n"),
+    ("handlers.request.decode", "from handlers.cache.cache_stage import CacheStage\n"),
+])
+def test_an_upward_import_is_found(module, source):
+    assert upward_imports(module, source) != []
+
+
+def test_a_downward_import_is_not_an_upward_one():
+    assert upward_imports("handlers.model.settings",
+                          "from handlers.ground.limits import ImageLimits\n"
+                          "from handlers.task.detection import DetectorInput\n"
+                          "from handlers.model import model_loading\nimport torch\n") == []

@@ -43,7 +43,7 @@ def test_every_kind_is_complete(task):
 
 @pytest.mark.parametrize("task", sorted(KINDS))
 def test_every_kind_refuses_an_empty_handler_section(task):
-    from handlers.model.settings import SettingsError
+    from handlers.ground.limits import SettingsError
 
     with pytest.raises(SettingsError):
         KINDS[task].parse_settings({})

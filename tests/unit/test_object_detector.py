@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torchvision.transforms.v2 import functional as F
 
+from handlers.ground.limits import ImageLimits
 from handlers.model.model_loading import create_architecture
-from handlers.model.settings import ImageLimits
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.request.decode import decode_image_bytes
 from tests.archives import archive_context, extract_archive, load_detector, stage_model_dir

@@ -19,9 +19,10 @@ from handlers.drift.payload_samples import (
     TokenBucket,
     sample_settings,
 )
-from handlers.errors import ClientError
-from handlers.model.settings import SettingsError
-from handlers.request_slot import DecodedImage, ParsedRequest, RequestSlot
+from handlers.ground.decoded_requests import DecodedImage, ParsedRequest
+from handlers.ground.errors import ClientError
+from handlers.ground.limits import SettingsError
+from handlers.request_slot import RequestSlot
 from tests.images import encode, textured_rgb
 from tests.recording_metrics import RecordingMetrics
 

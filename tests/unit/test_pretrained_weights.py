@@ -6,7 +6,7 @@ import pytest
 import timm
 import torch
 
-from handlers.model.settings import ImageLimits
+from handlers.ground.limits import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from handlers.task.classification import top_k_classes
 from handlers.task.transforms import preprocess_classification_batch

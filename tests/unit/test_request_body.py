@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
 from handlers.request.request_body import extract_image_bytes
 
 IMAGE = b"\x89PNG\r\n\x1a\nfake"

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from handlers.continuous_serving import ContinuousServing
-from handlers.errors import ClientError
+from handlers.ground.decoded_requests import DecodedImage, ParsedRequest
+from handlers.ground.errors import ClientError
 from handlers.model.settings import ContinuousBatching
-from handlers.request_slot import DecodedImage, ParsedRequest, RequestSlot
+from handlers.request_slot import RequestSlot
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.shadow.answer_comparison import AnswerComparison
 from torchserve_vision.lab.local_handler import LocalContext

@@ -21,7 +21,7 @@ from handlers.cache.response_cache import (
     cache_key,
     namespace_of,
 )
-from handlers.model.settings import SettingsError
+from handlers.ground.limits import SettingsError
 from tests.images import photo_bytes
 from tests.redis_server import redis_server
 from torchserve_vision.lab.local_handler import LocalContext, archive_context
@@ -179,7 +179,7 @@ def test_the_tiny_classifier_serves_without_a_cache_by_default(tiny_classifier, 
 def decoded(image: bytes):
     import torch
 
-    from handlers.model.settings import ImageLimits
+    from handlers.ground.limits import ImageLimits
     from handlers.request.decode import decode_image_bytes
 
     return decode_image_bytes(image, ImageLimits(), torch.device("cpu"))

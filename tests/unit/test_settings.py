@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from handlers.ground.limits import SettingsError
 from handlers.model.settings import (
     CompileSettings,
     Int8Settings,
-    SettingsError,
     parse_classifier_settings,
     parse_compile,
     parse_detector_settings,

@@ -25,6 +25,7 @@ import torch
 import yaml
 
 import handlers
+from handlers.ground.limits import SettingsError
 from handlers.model.compiled_model import COMPILED_DIRECTORY, CompiledPackage
 from handlers.model.model_loading import create_architecture, load_model, load_state_dict_model
 from handlers.model.runner_order import (
@@ -36,7 +37,6 @@ from handlers.model.runner_order import (
 from handlers.model.runner_selection import EngineModel
 from handlers.model.settings import (
     ModelSource,
-    SettingsError,
     parse_classifier_settings,
     parse_compile,
     parse_detector_compile,

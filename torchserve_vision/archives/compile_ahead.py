@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from handlers.ground.limits import ImageLimits
 from handlers.model.compiled_model import CPU_TARGETS, PROBE_FILE, CompiledPackage, CompileTarget
 from handlers.model.model_loading import AUTOCAST_DTYPES
-from handlers.model.settings import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from handlers.task.transforms import resize_and_center_crop
 from torchserve_vision.archives.int8_quantization import Int8Request

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
+from handlers.ground.limits import SettingsError
 from handlers.model.compiled_model import COMPILED_DIRECTORY
-from handlers.model.settings import SettingsError
 from torchserve_vision.model_descriptions import ModelDescription
 from torchserve_vision.model_kinds import kind_of
 

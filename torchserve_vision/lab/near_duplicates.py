@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 
 from handlers.cache.perceptual_hash import perceptual_hash
-from handlers.model.settings import ImageLimits
+from handlers.ground.limits import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from torchserve_vision.lab.cascade_tradeoff import cascade_inputs
 from torchserve_vision.lab.local_handler import archive_context, extract_archive, load_handler

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
+from handlers.ground.limits import ImageLimits
 from handlers.model.answer_agreement import answer_disagreement, probability_bound, top_classes
 from handlers.model.compiled_model import load_aoti_package
 from handlers.model.model_loading import autocast
-from handlers.model.settings import ClassifierSettings, ImageLimits
+from handlers.model.settings import ClassifierSettings
 from handlers.request.decode import decode_image_bytes
 from handlers.task.transforms import preprocess_classification_batch
 from torchserve_vision.lab.local_handler import eager_classifier, extract_archive

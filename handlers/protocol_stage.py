@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.errors import ClientError
+from handlers.ground.errors import ClientError
 from handlers.request.inference_protocol import (
     BINARY_HEADER,
     TensorOutput,

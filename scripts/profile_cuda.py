@@ -28,8 +28,8 @@ from handlers.model.settings import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from tests.archives import stage_model_dir
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
-from torchserve_vision.lab.local_handler import archive_context
 from torchserve_vision.lab.profile import batch_sizes_up_to, batch_times, fit_batch_time, median_ms
+from torchserve_vision.local_handler import archive_context
 from torchserve_vision.model_descriptions import parse_description
 
 MODELS = [("lite0", "efficientnet_lite0", "timm", "package:efficientnet_lite0"),

@@ -1,4 +1,4 @@
-"""Open built archives in-process for tests (see torchserve_vision/lab/local_handler.py)."""
+"""Open built archives in-process for tests (see torchserve_vision/local_handler.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from handlers.object_detector import ObjectDetectorHandler
 from handlers.serving import BatchedImageHandler
 from torchserve_vision.archives import BuildTarget
 from torchserve_vision.archives.build import stage_files
-from torchserve_vision.lab.local_handler import archive_context, extract_archive
+from torchserve_vision.local_handler import archive_context, extract_archive
 from torchserve_vision.model_descriptions import ModelDescription
 
 # The session's archives record their drift reference profiles from fewer requests than a user's

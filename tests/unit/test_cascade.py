@@ -23,7 +23,7 @@ from tests.archives import extract_archive, initialized
 from tests.images import photo_bytes
 from tests.v2_metadata import assert_outputs_follow_metadata
 from torchserve_vision.archives.build import BuildError, build_archive
-from torchserve_vision.lab.local_handler import LocalContext, archive_context
+from torchserve_vision.local_handler import LocalContext, archive_context
 from torchserve_vision.model_descriptions import parse_description
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]

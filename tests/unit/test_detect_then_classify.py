@@ -26,7 +26,7 @@ from tests.detections import assert_same_detections, rows_from_answer
 from tests.images import encode, photo_bytes, textured_rgb
 from tests.v2_metadata import assert_outputs_follow_metadata
 from torchserve_vision.archives.build import BuildError, build_archive
-from torchserve_vision.lab.local_handler import LocalContext, archive_context
+from torchserve_vision.local_handler import LocalContext, archive_context
 from torchserve_vision.model_descriptions import parse_description
 
 pytestmark = pytest.mark.slow   # every test reads the pipeline archives the module builds

@@ -9,7 +9,7 @@ from handlers.image_classifier import ImageClassifierHandler
 from tests.answers import assert_same_answer
 from tests.archives import archive_context
 from tests.images import CAT_LABELS, photo_bytes, png_declaring_size
-from torchserve_vision.lab.local_handler import LocalContext
+from torchserve_vision.local_handler import LocalContext
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
 

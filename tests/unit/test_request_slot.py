@@ -20,7 +20,7 @@ from handlers.model.settings import ContinuousBatching
 from handlers.request_slot import RequestSlot
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.shadow.answer_comparison import AnswerComparison
-from torchserve_vision.lab.local_handler import LocalContext
+from torchserve_vision.local_handler import LocalContext
 
 
 class DigitHandler(BatchedImageHandler[int, list[int], list[int], Any]):

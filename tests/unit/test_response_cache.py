@@ -24,7 +24,7 @@ from handlers.cache.response_cache import (
 from handlers.ground.limits import SettingsError
 from tests.images import photo_bytes
 from tests.redis_server import redis_server
-from torchserve_vision.lab.local_handler import LocalContext, archive_context
+from torchserve_vision.local_handler import LocalContext, archive_context
 from torchserve_vision.torchserve_config import free_ports
 
 

@@ -20,7 +20,7 @@ from tests.answers import assert_same_answer
 from tests.archives import archive_context, process_threads_kept
 from tests.images import photo_bytes
 from tests.recording_metrics import RecordingMetrics
-from torchserve_vision.lab.local_handler import LocalContext
+from torchserve_vision.local_handler import LocalContext
 
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
 

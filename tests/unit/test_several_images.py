@@ -14,7 +14,7 @@ import torch
 
 from tests.images import photo_bytes
 from tests.v2_metadata import assert_outputs_follow_metadata
-from torchserve_vision.lab.local_handler import LocalContext, archive_context
+from torchserve_vision.local_handler import LocalContext, archive_context
 
 PHOTOS = ("chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png")
 # The tiny classifier runs in fp32; a batch of 2 sums in another order than a batch of 1.

@@ -28,7 +28,7 @@ from handlers.shadow.shadow_policy import (
 from handlers.shadow.shadow_stage import SHADOW_OF_HEADER, ShadowStage, shadow_stage_for
 from handlers.torchserve_context import header_reader
 from tests.recording_metrics import RecordingMetrics
-from torchserve_vision.lab.local_handler import LocalContext
+from torchserve_vision.local_handler import LocalContext
 from torchserve_vision.waiting import wait_until
 
 PRODUCTION = [{"label": "tabby", "index": 281, "probability": 0.6}]

@@ -14,7 +14,6 @@ from PIL import Image
 from handlers.model.settings import parse_classifier_settings
 from tests.images import photo_bytes
 from tests.runners import engine_threads
-from torchserve_vision.lab.local_handler import eager_classifier, extract_archive, load_handler
 from torchserve_vision.lab.single_session import (
     engine_answer,
     onnx_session,
@@ -22,6 +21,7 @@ from torchserve_vision.lab.single_session import (
     single_session_handler,
     threaded_server,
 )
+from torchserve_vision.local_handler import eager_classifier, extract_archive, load_handler
 
 
 def test_pillow_preprocessing_resizes_crops_and_normalises():

@@ -26,7 +26,7 @@ import yaml
 
 from handlers.drift.drift_features import CLASSIFICATION_FEATURES, DETECTION_FEATURES
 from handlers.drift.drift_profile import PROFILE_FILE, DriftProfile
-from torchserve_vision.lab.local_handler import LocalContext, extract_archive, load_handler
+from torchserve_vision.local_handler import LocalContext, extract_archive, load_handler
 from torchserve_vision.photo_sets import load_photos, variant_jpegs
 
 REFERENCE_REQUESTS = 192

@@ -48,9 +48,9 @@ from torchserve_vision.lab.loadgen import (
     run_closed_loop,
     run_open_loop,
 )
-from torchserve_vision.lab.local_handler import LocalContext, extract_archive, load_handler
 from torchserve_vision.lab.profile import median_ms
 from torchserve_vision.lab.single_session import engine_answer, single_session_handler, threaded_server
+from torchserve_vision.local_handler import LocalContext, extract_archive, load_handler
 from torchserve_vision.model_descriptions import DELAYED, QUEUED, ServingSettings
 from torchserve_vision.server_state import served_default_version, versions_of
 

@@ -40,7 +40,6 @@ from torchserve_vision.client import TorchServeClient
 from torchserve_vision.lab.batch_log import ServedBreakdown, logged_batches, served_breakdown
 from torchserve_vision.lab.batch_model import BatchTimeFit
 from torchserve_vision.lab.loadgen import LoadTarget, Report, run_closed_loop
-from torchserve_vision.lab.local_handler import extract_archive, load_handler
 from torchserve_vision.lab.profile import median_ms, profile_archive
 from torchserve_vision.lab.single_session import (
     engine_answer,
@@ -48,6 +47,7 @@ from torchserve_vision.lab.single_session import (
     single_session_handler,
     threaded_server,
 )
+from torchserve_vision.local_handler import extract_archive, load_handler
 from torchserve_vision.model_descriptions import ServingSettings, resolve_labels
 from torchserve_vision.rollout import wait_for_workers
 from torchserve_vision.server_state import served_default_version, versions_of

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from handlers.model.compiled_model import load_aoti_package
-from torchserve_vision.lab.local_handler import eager_classifier, extract_archive
+from torchserve_vision.local_handler import eager_classifier, extract_archive
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 

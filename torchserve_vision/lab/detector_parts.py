@@ -36,7 +36,7 @@ from handlers.model.engine_runners import (
 from handlers.model.runner_selection import EngineModel
 from handlers.model.ssd_engine import NotAnSsdDetector, SsdBackboneHead, ssd_input_size_hw
 from handlers.object_detector import ObjectDetectorHandler
-from torchserve_vision.lab.local_handler import archive_context, extract_archive
+from torchserve_vision.local_handler import archive_context, extract_archive
 from torchserve_vision.model_kinds import kind_of_entry_module
 from torchserve_vision.photos import PROBE_PHOTOS, photo_path
 

@@ -21,7 +21,7 @@ from typing import Any
 from PIL import Image
 
 from handlers.model.answer_agreement import RankedClasses, answer_disagreement, cross_device_bound
-from torchserve_vision.lab.local_handler import archive_context, load_handler
+from torchserve_vision.local_handler import archive_context, load_handler
 from torchserve_vision.photo_sets import jpeg, project_photos, variant_jpegs
 
 # Pillow's transposition that stores a photo so that EXIF orientation N shows it upright (the

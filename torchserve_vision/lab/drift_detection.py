@@ -37,7 +37,7 @@ from PIL import Image, ImageEnhance
 
 from handlers.drift.drift_features import Observation
 from handlers.drift.drift_profile import DriftProfile
-from torchserve_vision.lab.local_handler import LocalContext, extract_archive, load_handler
+from torchserve_vision.local_handler import LocalContext, extract_archive, load_handler
 from torchserve_vision.photo_sets import Photo, load_photos, variant_jpegs
 from torchserve_vision.photos import CLASSIFIER_PHOTOS, all_photo_paths
 from torchserve_vision.prometheus_text import parse_samples, scrape

@@ -45,7 +45,7 @@ from handlers.model.runner_selection import (
 )
 from handlers.model.settings import ClassifierSettings, parse_classifier_settings
 from torchserve_vision.lab.compile_speed import Forward, best_ms_interleaved
-from torchserve_vision.lab.local_handler import archive_context, extract_archive
+from torchserve_vision.local_handler import archive_context, extract_archive
 
 
 @dataclass

@@ -51,8 +51,8 @@ from torchserve_vision.lab.device_answers import answer_check_images, compare_de
 from torchserve_vision.lab.echo_archive import ECHO_QUEUED, build_echo_archive
 from torchserve_vision.lab.gpu_reference import classifier_pipeline, detector_pipeline, model_only
 from torchserve_vision.lab.loadgen import Report
-from torchserve_vision.lab.local_handler import eager_classifier, extract_archive
 from torchserve_vision.lab.process_load import default_processes, run_processes, trivial_responder
+from torchserve_vision.local_handler import eager_classifier, extract_archive
 from torchserve_vision.model_descriptions import ModelDescription, ServingSettings, load_descriptions
 from torchserve_vision.server_process import TorchServeInstance, instance_for, start, stop
 from torchserve_vision.torchserve_config import server_config, write_models_block
@@ -128,7 +128,7 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
     """The classifier's model alone and plain pipeline, and the detector's plain pipeline."""
     from handlers.model.model_loading import load_model
     from handlers.model.settings import parse_detector_settings
-    from torchserve_vision.lab.local_handler import archive_context
+    from torchserve_vision.local_handler import archive_context
 
     classifier_dir = extract_archive(store / f"{CLASSIFIER}-1.0.mar", work / "reference-classifier")
     cls, network = eager_classifier(classifier_dir)

@@ -33,7 +33,7 @@ from handlers.cache.perceptual_hash import perceptual_hash
 from handlers.ground.limits import ImageLimits
 from handlers.request.decode import decode_image_bytes
 from torchserve_vision.lab.cascade_tradeoff import cascade_inputs
-from torchserve_vision.lab.local_handler import archive_context, extract_archive, load_handler
+from torchserve_vision.local_handler import archive_context, extract_archive, load_handler
 
 
 def jpeg_of(image: Image.Image, quality: int = 90) -> bytes:

@@ -29,7 +29,7 @@ from handlers.model.model_loading import autocast
 from handlers.model.settings import ClassifierSettings
 from handlers.request.decode import decode_image_bytes
 from handlers.task.transforms import preprocess_classification_batch
-from torchserve_vision.lab.local_handler import eager_classifier, extract_archive
+from torchserve_vision.local_handler import eager_classifier, extract_archive
 from torchserve_vision.photos import CLASSIFIER_PHOTOS, all_photo_paths
 
 Forward = Callable[[torch.Tensor], torch.Tensor]

@@ -22,7 +22,7 @@ import torch
 from handlers.serving import BatchedImageHandler
 from torchserve_vision.errors import LabError
 from torchserve_vision.lab.batch_model import BatchTimeFit, fit_batch_time
-from torchserve_vision.lab.local_handler import LocalContext, archive_context, extract_archive, load_handler
+from torchserve_vision.local_handler import LocalContext, archive_context, extract_archive, load_handler
 
 
 @dataclass(frozen=True)

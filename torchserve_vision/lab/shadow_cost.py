@@ -29,7 +29,7 @@ import requests
 from torchserve_vision.archives.versions import archive_manifest, archive_with_version
 from torchserve_vision.client import TorchServeClient
 from torchserve_vision.lab.loadgen import LoadTarget, run_open_loop
-from torchserve_vision.lab.local_handler import archive_context, extract_archive, load_handler
+from torchserve_vision.local_handler import archive_context, extract_archive, load_handler
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.photos import all_photo_paths
 from torchserve_vision.prometheus_text import scrape

@@ -32,7 +32,7 @@ from handlers.model.model_loading import load_labels
 from handlers.model.settings import ClassifierSettings
 from torchserve_vision.errors import LabError
 from torchserve_vision.lab.loadgen import KeepAliveHandler, LabHTTPServer
-from torchserve_vision.lab.local_handler import LocalContext, eager_classifier, load_handler
+from torchserve_vision.local_handler import LocalContext, eager_classifier, load_handler
 
 Answer = Callable[[bytes, dict[str, str]], tuple[int, bytes]]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,22 @@ def offline_agreement(store: Path, stable: str, candidate: str, photos: Sequence
 def counters_of(metrics_url: str, model: str, candidate: str) -> Callable[[], ShadowTotals]:
     """The workers' shadow counters for the candidate, read from TorchServe's /metrics."""
     return lambda: shadow_totals(scrape(metrics_url), model, candidate)
+
+
+def settled(counters: Callable[[], ShadowTotals], quiet_s: float = 2.0,
+            timeout_s: float = 60.0) -> ShadowTotals:
+    """The counters once the copies sent so far have met their fate: compared off the request
+    path, they are counted after production's answers, a batch later on a loaded machine. Read
+    until two reads `quiet_s` apart agree (at most `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    last = counters()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = counters()
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 def online_agreement(client: TorchServeClient, model: str, photos: Sequence[bytes],
@@ -126,7 +143,7 @@ def shadow_cost(client: TorchServeClient, store: Path, plan: ShadowPlan,
     target = LoadTarget(client.prediction_url(plan.model), [plan.smoke_image],
                         {"Content-Type": "application/octet-stream", **client.inference_headers()})
     report = run_open_loop(target, rate_rps, duration_s, 10**7)
-    after = counters()
+    after = settled(counters)
     return {"percent": percent, "served_rps": report.throughput_rps, "errors": report.errors,
             "p50_ms": report.latency_ms["p50"], "p99_ms": report.latency_ms["p99"],
             "compared": after.compared - before.compared,

@@ -125,7 +125,7 @@ def wait_for_drain(client: TorchServeClient, model: str, version: str, timeout_s
         return
 
     def pending() -> Outstanding:
-        return outstanding(client, [(model, version)])
+        return outstanding(client, model, version)
 
     if not wait_until_answered(pending, timeout_s, grace_s):
         left = pending()

@@ -35,7 +35,6 @@ from torchserve_vision.json_log_lines import json_line_relay
 from torchserve_vision.pod_health import PodHealth, ProbeEndpoint
 from torchserve_vision.server_state import (
     Outstanding,
-    every_version,
     models_ready,
     not_ready_reason,
     outstanding,
@@ -288,7 +287,7 @@ def drain(instance: TorchServeInstance, timeout_s: float, grace_s: float) -> boo
 
     def pending() -> Outstanding:
         try:
-            return outstanding(client, every_version(client))
+            return outstanding(client)
         except (ManagementError, KeyError):
             return Outstanding(0)  # not answering: nothing left to drain
 

@@ -78,15 +78,19 @@ class Outstanding:
         return self.queued == 0 and self.in_batch == 0
 
 
-def outstanding(client: TorchServeClient, versions: list[tuple[str, str]]) -> Outstanding:
-    """`Outstanding` over `versions` ((model, version) pairs), the queues read before the
-    batches: a request leaves the queue only into a batch, so read in this order none is
-    missed."""
-    queued = sum(int(described.get("jobQueueStatus", {}).get("pendingRequests", 0))
-                 for model, version in versions for described in client.describe(model, version))
+def outstanding(client: TorchServeClient, model: str | None = None,
+                version: str | None = None) -> Outstanding:
+    """`Outstanding` over one version of `model`, or without `model` over every registered
+    version, each described once per call. The queues are read before the batches: a request
+    leaves the queue only into a batch, so read in this order none is missed."""
+    described = (client.describe(model, version) if model is not None else
+                 [each for listed in client.list_models()
+                  for each in versions_of(client, listed["modelName"])])
+    queued = sum(int(each.get("jobQueueStatus", {}).get("pendingRequests", 0)) for each in described)
+    pairs = [(each["modelName"], each["modelVersion"]) for each in described]
     in_batch = client.requests_in_batch()
-    seen = [in_batch[pair] for pair in versions if in_batch is not None and pair in in_batch]
-    return Outstanding(queued, sum(seen), len(versions) - len(seen))
+    seen = [in_batch[pair] for pair in pairs if in_batch is not None and pair in in_batch]
+    return Outstanding(queued, sum(seen), len(pairs) - len(seen))
 
 
 def wait_until_answered(outstanding: Callable[[], Outstanding], timeout_s: float,
@@ -143,12 +147,6 @@ def queued_requests(client: TorchServeClient) -> int:
     return sum(int(version.get("jobQueueStatus", {}).get("pendingRequests", 0))
                for model in client.list_models()
                for version in versions_of(client, model["modelName"]))
-
-
-def every_version(client: TorchServeClient) -> list[tuple[str, str]]:
-    """(model, version) of every registered version."""
-    return [(model["modelName"], version["modelVersion"]) for model in client.list_models()
-            for version in versions_of(client, model["modelName"])]
 
 
 def local_gpu_count() -> int:

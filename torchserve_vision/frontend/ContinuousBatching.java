@@ -119,6 +119,7 @@ public class ContinuousBatching extends BatchAggregator {
     private long batchStartNs;          // the running batch's start; 0 when none runs
     private double recentBatchMs;       // moving average of this worker's batch times
     private final AtomicInteger held = new AtomicInteger();   // requests taken, not yet answered
+    private final Gauge.Child inBatchSeries;  // this version's ts_requests_in_batch; null: none
     private long lastHighNs;            // when a high-priority request was last seen queued
     // Each queued request's v2 `timeout` parameter in ms (0: none), read once from its body.
     private final Map<Job, Long> v2TimeoutsMs = Collections.synchronizedMap(new WeakHashMap<>());
@@ -137,11 +138,9 @@ public class ContinuousBatching extends BatchAggregator {
             latencies.labels(model.getModelName(), model.getVersion(),
                     ConfigManager.getInstance().getHostName());
         }
-        Gauge taken = inBatchGauge();
-        if (taken != null) {        // its series at 0 now: present means "counted here"
-            taken.labels(model.getModelName(), model.getVersion(),
-                    ConfigManager.getInstance().getHostName());
-        }
+        Gauge taken = inBatchGauge();   // its series at 0 now: present means "counted here"
+        inBatchSeries = taken == null ? null : taken.labels(model.getModelName(),
+                model.getVersion(), ConfigManager.getInstance().getHostName());
         logger.info("queued batching for {} (batch size {}, deadline {} ms)",
                 model.getModelName(), model.getBatchSize(), modelTimeoutMs);
     }
@@ -267,10 +266,8 @@ public class ContinuousBatching extends BatchAggregator {
     }
 
     private void moveInBatch(int change) {
-        Gauge taken = inBatchGauge();
-        if (taken != null && change != 0) {
-            taken.labels(model.getModelName(), model.getVersion(),
-                    ConfigManager.getInstance().getHostName()).inc(change);
+        if (inBatchSeries != null && change != 0) {
+            inBatchSeries.inc(change);
         }
     }
 

@@ -46,7 +46,7 @@ from handlers.model.model_loading import resolve_device
 from handlers.model.runner_selection import RunnerChoice
 from handlers.model.settings import parse_log_batches, parse_torch_threads
 from handlers.protocol_stage import ProtocolStage
-from handlers.request.decode import DecodeResult, decode_images
+from handlers.request.decode import DecodeResult, decode_images, warm_up_decoder
 from handlers.request.inference_protocol import (
     IMAGE_INPUT_METADATA,
     OutputSpec,
@@ -167,6 +167,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                         "--target gpu decodes them on the device", 2 * self.jpeg_draft_size)
         warm_up_started = time.perf_counter()
         self.warm_up(self.max_batch_size)
+        warm_up_decoder(self.settings.limits, self.device)
         ready = time.perf_counter()
         logger.info(
             "worker ready model=%s version=%s device=%s runner=%s max_batch_size=%d load_ms=%.0f "

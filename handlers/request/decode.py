@@ -50,7 +50,7 @@ from handlers.request.image_header import (
 from handlers.request.jpeg_batches import decode_jpeg_run, pixel_bounded_chunks
 from handlers.request.orientation import oriented
 
-__all__ = ["DecodeResult", "decode_image_bytes", "decode_images", "read_header"]
+__all__ = ["DecodeResult", "decode_image_bytes", "decode_images", "read_header", "warm_up_decoder"]
 
 CPU = torch.device("cpu")
 SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
@@ -222,3 +222,13 @@ def decode_image_bytes(data: bytes, limits: ImageLimits, device: torch.device | 
     if isinstance(result, ClientError):
         raise result
     return result
+
+
+def warm_up_decoder(limits: ImageLimits, device: torch.device | None = None) -> None:
+    """Decode a small JPEG as a batch would, on `device`, so that the first request does not pay
+    the decoder's one-time start (on CUDA, torchvision creates its nvJPEG decoder on first use)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (120, 90, 60)).save(buffer, "JPEG", quality=90)
+    result = decode_images([buffer.getvalue()] * 2, limits, device)[0]
+    if isinstance(result, ClientError):
+        raise AssertionError(f"the decoder refused its warm-up JPEG: {result.message}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import (  # the plugins of every accepted format, so Image.open(formats=...) knows them
     BmpImagePlugin,  # noqa: F401
     GifImagePlugin,  # noqa: F401
@@ -37,27 +38,38 @@ STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}                   # RSTn, TEM
 # Frame types nvJPEG decodes: baseline, extended sequential and progressive, Huffman-coded.
 # Lossless, hierarchical and arithmetic-coded JPEGs are not among them.
 HUFFMAN_DCT_FRAMES = frozenset({0xC0, 0xC1, 0xC2})
+# The segments that may stand between the scans of one frame (a progressive or non-interleaved
+# JPEG's): SOS, DHT, DQT, DRI, DNL, COM, APPn. Any other marker after the first scan (a second
+# SOF, an SOI, a code T.81 does not define) is one libjpeg refuses or reads its own way.
+BETWEEN_SCANS = frozenset({SOS, 0xC4, 0xDB, 0xDD, 0xDC, 0xFE, *range(0xE0, 0xF0)})
+EOI_CODE = 0xD9
+# After 0xFF in entropy-coded data: a stuffed 0x00, a fill byte, or a restart marker (or TEM).
+ENTROPY_CODED = np.array([0x00, 0xFF, *STANDALONE], dtype=np.uint8)
 
 
 @dataclass(frozen=True)
 class JpegCoding:
     """A JPEG's frame as its markers give it: frame type (the SOFn marker's second byte), sample
-    precision, component count, where its first scan starts, and whether an end-of-image marker
+    precision, component count, where its first scan starts, whether an end-of-image marker
     follows it (without one, libjpeg runs out of data and torchvision refuses the file as
-    truncated; entropy-coded data cannot contain one, its 0xFF bytes being stuffed)."""
+    truncated; entropy-coded data cannot contain one, its 0xFF bytes being stuffed), and whether
+    every marker from there to that end is one that may stand between scans (`plain_markers`:
+    libjpeg refuses a file with an unknown marker code, "Unsupported marker type", where nvJPEG
+    may decode it, so such a file is left to the CPU, which gives the CPU's answer or error)."""
 
     frame: int
     precision_bits: int
     components: int
     scan_offset: int
     ends: bool
+    plain_markers: bool = True
 
     @property
     def device_decodable(self) -> bool:
         """nvJPEG (through torchvision) decodes it to the same kind of image as the CPU: 8-bit
         Huffman-coded DCT, grey or YCbCr (not CMYK / YCCK), and complete."""
         return (self.frame in HUFFMAN_DCT_FRAMES and self.precision_bits == 8
-                and self.components in (1, 3) and self.ends)
+                and self.components in (1, 3) and self.ends and self.plain_markers)
 
     @property
     def progressive(self) -> bool:
@@ -105,10 +117,30 @@ def read_jpeg_coding(data: bytes) -> JpegCoding | None:
         if marker == SOS:
             if frame is None:
                 return None
-            ends = data.rfind(EOI) > position + 2 + length
-            return JpegCoding(frame[0], frame[1], frame[2], position, ends)
+            ends, plain = walk_scans(data, position + 2 + length)
+            return JpegCoding(frame[0], frame[1], frame[2], position, ends, plain)
         position += 2 + length
     return None
+
+
+def walk_scans(data: bytes, start: int) -> tuple[bool, bool]:
+    """From the first scan's entropy-coded data at `start`: (an end-of-image marker is reached,
+    every marker before it is one that may stand between scans). The segments between scans are
+    stepped over by their lengths; the 0xFF bytes of entropy-coded data are found at once."""
+    body = np.frombuffer(data, dtype=np.uint8)
+    after_ff = np.flatnonzero(body[start:-1] == 0xFF) + start + 1
+    markers = after_ff[~np.isin(body[after_ff], ENTROPY_CODED)] - 1
+    resume = start
+    for position in markers.tolist():
+        if position < resume:                   # inside a segment already stepped over
+            continue
+        code = data[position + 1]
+        if code == EOI_CODE:
+            return True, True
+        if code not in BETWEEN_SCANS or position + 4 > len(data):
+            return data.find(EOI, position) >= 0, False
+        resume = position + 2 + int.from_bytes(data[position + 2:position + 4], "big")
+    return False, True
 
 
 def _describe_unreadable(data: bytes) -> ClientError:

@@ -66,9 +66,15 @@ def outcome(result: torch.Tensor | ClientError) -> tuple[object, ...]:
 def test_every_answer_on_the_gpu_is_the_cpus_within_the_device_bound(lite0_for_gpus, device):
     gpu_id = device.index or 0 if device.type == "cuda" else None
     results = compare_devices(lite0_for_gpus, gpu_id, ["fp32", "tf32", "fp16", "bf16"],
-                              answer_check_images())
+                              answer_check_images(), decode_share=True)
+    assert [(result.precision, result.decoded_on) for result in results] == [
+        ("fp32", "device"), ("tf32", "device"), ("fp16", "device"), ("bf16", "device"), ("fp32", "cpu")]
     for result in results:
-        assert result.agrees, (result.precision, result.disagreements)
+        assert result.agrees, (result.precision, result.decoded_on, result.disagreements)
+    # Given the CPU's decoded pixels, the GPU's fp32 is the CPU's within fp32's own 1e-3: the
+    # resize and the arithmetic add nothing; the decoder is the whole difference.
+    assert results[-1].bound == 1e-3
+    assert results[0].top1_changes == 0 and results[-1].top1_changes == 0
 
 
 def test_the_resize_on_the_device_is_the_cpus_bit_for_bit(device):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from handlers.ground.errors import ClientError
 from handlers.ground.limits import ImageLimits
 from handlers.request import jpeg_batches
-from handlers.request.decode import decode_image_bytes, decode_images
+from handlers.request.decode import decode_image_bytes, decode_images, warm_up_decoder
 from handlers.request.image_header import read_header, read_jpeg_coding
 from handlers.request.jpeg_batches import pixel_bounded_chunks
 from tests.images import (
@@ -143,6 +143,31 @@ def test_an_arithmetic_coded_frame_is_left_to_the_cpu():
     assert coding is not None and coding.frame == 0xC9 and not coding.device_decodable
 
 
+def test_a_jpeg_with_a_marker_libjpeg_does_not_know_is_left_to_the_cpu_and_gets_its_refusal():
+    # nvJPEG decoded such a file where libjpeg refuses it (seen on an H200): the header walk
+    # finds the marker, and the CPU decoder gives the CPU's 400 on every device.
+    data = encode(textured_rgb(60, 80, seed=12), "JPEG", quality=90)
+    scan = read_jpeg_coding(data)
+    assert scan is not None and scan.device_decodable and scan.plain_markers
+    middle = (scan.scan_offset + len(data)) // 2
+    marked = data[:middle] + b"\xff\x1a" + data[middle:]
+    coding = read_jpeg_coding(marked)
+    assert coding is not None and coding.ends and not coding.plain_markers
+    assert not coding.device_decodable
+    error = refused(decode_images([marked], LIMITS, CPU)[0])
+    assert (error.status, error.error_type) == (400, "UndecodableImage")
+    assert "Unsupported marker type 0x1a" in error.message
+
+
+def test_the_segments_between_a_progressive_jpegs_scans_are_stepped_over():
+    data = encode(textured_rgb(64, 96, seed=13), "JPEG", progressive=True)
+    assert data.count(b"\xff\xda") > 2                  # several scans, tables between them
+    coding = read_jpeg_coding(data)
+    assert coding is not None and coding.ends and coding.plain_markers and coding.device_decodable
+    cut = read_jpeg_coding(data[:-2])                    # no end-of-image marker
+    assert cut is not None and not cut.ends and not cut.device_decodable
+
+
 def test_the_header_reads_a_jpegs_orientation():
     header = read_header(encode(textured_rgb(20, 30), "JPEG", exif=exif_with_orientation(8)))
     assert (header.orientation, header.width, header.height) == (8, 30, 20)
@@ -169,3 +194,16 @@ def test_out_of_device_memory_a_run_is_decoded_in_halves_and_a_single_image_is_a
         torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")))
     with pytest.raises(torch.cuda.OutOfMemoryError):
         decode_images(images[:1], LIMITS, CPU)
+
+
+def test_the_decoder_warm_up_decodes_a_batch_through_the_batched_call(monkeypatch):
+    calls: list[int] = []
+    real_call = jpeg_batches._decode_call
+
+    def counted(encoded, device):
+        calls.append(len(encoded))
+        return real_call(encoded, device)
+
+    monkeypatch.setattr(jpeg_batches, "_decode_call", counted)
+    warm_up_decoder(LIMITS, CPU)
+    assert calls == [2]

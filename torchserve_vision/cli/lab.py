@@ -473,6 +473,8 @@ def add_gpu(actions: argparse._SubParsersAction) -> None:
     parser.add_argument("--reference-batches", type=int, nargs="+", default=list(defaults.reference_batches))
     parser.add_argument("--detector-batches", type=int, nargs="+", default=list(defaults.detector_batches))
     parser.add_argument("--models", type=Path, default=defaults.models)
+    parser.add_argument("--steps", nargs="+", default=list(defaults.steps), choices=gpu_lab.STEPS,
+                        help="measure only these (default: all; the ratios need all)")
     parser.set_defaults(run=run_gpu)
 
 
@@ -481,12 +483,15 @@ def run_gpu(args: argparse.Namespace) -> int:
         args.work_dir, args.duration, args.warm_up, tuple(args.loads), tuple(args.builtin_workers),
         images=args.images, processes=args.processes, precisions=tuple(args.precisions),
         reference_batches=tuple(args.reference_batches), detector_batches=tuple(args.detector_batches),
-        models=args.models)
-    record = gpu_lab.run_gpu_lab(settings)
-    if args.record:
-        args.record.write_text(json.dumps(record, indent=2))
+        models=args.models, steps=tuple(args.steps))
+    def keep(record: dict) -> None:
+        if args.record:
+            args.record.write_text(json.dumps(record, indent=2))
+
+    record = gpu_lab.run_gpu_lab(settings, on_step=keep)
+    keep(record)
     print(json.dumps(record, indent=2) if args.json else gpu_lab.as_text(record))
-    return 0
+    return 1 if record.get("failed") else 0
 
 
 # --- precision ----------------------------------------------------------------------------------

@@ -18,9 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from PIL import Image
 
+from handlers.ground.errors import ClientError
 from handlers.model.answer_agreement import RankedClasses, answer_disagreement, cross_device_bound
+from handlers.request.decode import DecodeResult
+from handlers.request.decode import decode_images as decode_on
 from torchserve_vision.local_handler import archive_context, load_handler
 from torchserve_vision.photo_sets import jpeg, project_photos, variant_jpegs
 
@@ -46,6 +50,7 @@ class DeviceAgreement:
     precision: str
     bound: float
     images: int
+    decoded_on: str = "device"        # "cpu": the GPU's answers with the CPU's decoded pixels
     max_change: float = 0.0
     worst_image: str = ""
     top1_changes: int = 0
@@ -97,11 +102,11 @@ def ranked_answers(handler: Any, images: Sequence[NamedImage]) -> list[RankedCla
 
 
 def agreement(precision: str, names: Sequence[str], got: Sequence[RankedClasses],
-              reference: Sequence[RankedClasses]) -> DeviceAgreement:
+              reference: Sequence[RankedClasses], decoded_on: str = "device") -> DeviceAgreement:
     """How far `got` (the GPU at `precision`) is from `reference` (the CPU at fp32), image by
     image, and where the rule refuses it."""
-    bound = cross_device_bound(precision)
-    result = DeviceAgreement(precision, bound, len(names))
+    bound = cross_device_bound(precision, device_decoder=decoded_on == "device")
+    result = DeviceAgreement(precision, bound, len(names), decoded_on)
     for name, answer, expected in zip(names, got, reference, strict=True):
         expected_p = dict(expected)
         change = max((abs(p - expected_p[index]) for index, p in answer if index in expected_p),
@@ -115,10 +120,25 @@ def agreement(precision: str, names: Sequence[str], got: Sequence[RankedClasses]
     return result
 
 
+def decoding_on_the_cpu(handler: Any) -> Any:
+    """`handler` with its batches decoded on the CPU and then moved to its device: its answers
+    without the device's decoder, so that the decoder's share of a difference can be told apart
+    from the arithmetic's (a measurement; served handlers decode on their device)."""
+    def decode_images(encoded: Sequence[bytes]) -> list[DecodeResult]:
+        return [result if isinstance(result, ClientError) else result.to(handler.device)
+                for result in decode_on(encoded, handler.settings.limits, torch.device("cpu"),
+                                        handler.jpeg_draft_size)]
+
+    handler.decode_images = decode_images
+    return handler
+
+
 def compare_devices(model_dir: Path, gpu_id: int | None, precisions: Sequence[str],
-                    images: Sequence[NamedImage], batch_size: int = 16) -> list[DeviceAgreement]:
+                    images: Sequence[NamedImage], batch_size: int = 16,
+                    decode_share: bool = False) -> list[DeviceAgreement]:
     """The extracted classifier archive in `model_dir` at fp32 on the CPU against itself on
-    `gpu_id` (None: the CPU again, to rehearse) at each of `precisions`."""
+    `gpu_id` (None: the CPU again, to rehearse) at each of `precisions`; with `decode_share`,
+    also at fp32 with the CPU's decoded pixels (what the device's decoder adds is the difference)."""
     reference_handler = load_handler(model_dir, batch_size, None, {"precision": "fp32"})
     reference = ranked_answers(reference_handler, images)
     names = [image.name for image in images]
@@ -126,4 +146,7 @@ def compare_devices(model_dir: Path, gpu_id: int | None, precisions: Sequence[st
     for precision in precisions:
         handler = load_handler(model_dir, batch_size, gpu_id, {"precision": precision})
         results.append(agreement(precision, names, ranked_answers(handler, images), reference))
+    if decode_share:
+        handler = decoding_on_the_cpu(load_handler(model_dir, batch_size, gpu_id, {"precision": "fp32"}))
+        results.append(agreement("fp32", names, ranked_answers(handler, images), reference, "cpu"))
     return results

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -61,6 +61,8 @@ GPU_MODELS = Path("config/models-gpu.yaml")
 CLASSIFIER, DETECTOR, ANSWERS_MODEL = "resnet50", "ssdlite320", "efficientnet_lite0"
 BUILTIN = "builtin_resnet50"
 GOAL_IMAGES_PER_S = 10_000
+# What one run measures, in order; a run may ask for some of them (the ratios need them all).
+STEPS = ("answers", "in_process", "load_generator", "echo", "classifier", "builtin", "detector")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class GpuLabSettings:
     reference_batches: tuple[int, ...] = (64, 128, 256)
     detector_batches: tuple[int, ...] = (16, 64)
     models: Path = GPU_MODELS
+    steps: tuple[str, ...] = STEPS
 
 
 def lab_device() -> torch.device:
@@ -114,12 +117,14 @@ def answer_check(store: Path, work: Path, device: torch.device,
     gpu_id = (device.index or 0) if device.type == "cuda" else None
     threads = torch.get_num_threads()
     try:
-        results = compare_devices(model_dir, gpu_id, precisions, answer_check_images())
+        results = compare_devices(model_dir, gpu_id, precisions, answer_check_images(),
+                                  decode_share=True)
     finally:
         torch.set_num_threads(threads)
     for result in results:
-        say(f"answers {result.precision}: max change {result.max_change:.4f} (bound {result.bound}), "
-            f"top-1 changed {result.top1_changes}, outside {len(result.disagreements)} of {result.images}")
+        say(f"answers {result.precision} ({result.decoded_on} decode): max change "
+            f"{result.max_change:.4f} (bound {result.bound}), top-1 changed {result.top1_changes}, "
+            f"outside {len(result.disagreements)} of {result.images}")
     return [result.to_dict() for result in results]
 
 
@@ -309,7 +314,10 @@ def ratios(record: dict[str, Any], loads: Sequence[int]) -> dict[str, Any]:
     }
 
 
-def run_gpu_lab(settings: GpuLabSettings) -> dict[str, Any]:
+def run_gpu_lab(settings: GpuLabSettings,
+                on_step: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
+    """Every step in turn; `on_step` sees the record after each (a run cut short keeps what it
+    measured). A step that fails is recorded under "failed" and the steps that do not need it run."""
     device = lab_device()
     work, store = settings.work_dir, settings.work_dir / "store"
     store.mkdir(parents=True, exist_ok=True)
@@ -318,57 +326,89 @@ def run_gpu_lab(settings: GpuLabSettings) -> dict[str, Any]:
     record: dict[str, Any] = {"machine": machine(device), "settings": {
         key: str(value) if isinstance(value, Path) else value
         for key, value in dataclasses.asdict(settings).items()}}
+
+    def step(name: str, measure: Callable[[], Any]) -> None:
+        try:
+            record[name] = measure()
+        except Exception as error:   # noqa: BLE001 - recorded, and the lab exits non-zero
+            record.setdefault("failed", {})[name] = f"{type(error).__name__}: {error}"
+            say(f"{name} FAILED: {type(error).__name__}: {error}")
+        on_step(record)
+
     say(f"lab gpu on {record['machine']['device']} (torch {torch.__version__})")
     jpegs = distinct_jpegs(settings.images)
-    build_models(descriptions, store)
-    record["answers"] = answer_check(store, work, device, settings.precisions)
-    record["in_process"] = in_process(store, work, jpegs, device, settings)
-    record["load_generator"] = load_generator_ceiling(jpegs, work, settings)
-    served_models = [d for d in descriptions if d.start]
-    classifier = next(d for d in served_models if d.name == CLASSIFIER)
-    with lab_server(work, store, descriptions) as (instance, ready_s):
-        client = instance.client(timeout_s=60)
-        record["server_start_to_ready_s"] = ready_s
-        record["echo"] = echo_ceiling(client, store, jpegs, work, settings, classifier.serving.min_workers)
-        record["served"] = {CLASSIFIER: served(client, CLASSIFIER, jpegs, work, settings,
-                                               instance.log_dir / "model_log.log")}
-        record["builtin"] = builtin_sweep(client, store, jpegs, work, settings,
-                                          classifier.serving.batch_size)
-        record["served"][DETECTOR] = served(client, DETECTOR, jpegs, work, settings,
-                                            instance.log_dir / "model_log.log")
-    record["ratios"] = ratios(record, settings.loads)
+    wanted = set(settings.steps)
+    build_models([d for d in descriptions if d.start or (d.name == ANSWERS_MODEL and "answers" in wanted)],
+                 store)
+    if "answers" in wanted:
+        step("answers", lambda: answer_check(store, work, device, settings.precisions))
+    if "in_process" in wanted:
+        step("in_process", lambda: in_process(store, work, jpegs, device, settings))
+    if "load_generator" in wanted:
+        step("load_generator", lambda: load_generator_ceiling(jpegs, work, settings))
+    on_server = wanted & {"echo", "classifier", "builtin", "detector"}
+    if on_server:
+        classifier = next(d for d in descriptions if d.start and d.name == CLASSIFIER)
+        with lab_server(work, store, descriptions) as (instance, ready_s):
+            client, log = instance.client(timeout_s=60), instance.log_dir / "model_log.log"
+            record["server_start_to_ready_s"] = ready_s
+            record["served"] = {}
+            if "echo" in wanted:
+                step("echo", lambda: echo_ceiling(client, store, jpegs, work, settings,
+                                                  classifier.serving.min_workers))
+            if "classifier" in wanted:
+                step("classifier", lambda: record["served"].setdefault(
+                    CLASSIFIER, served(client, CLASSIFIER, jpegs, work, settings, log)))
+            if "builtin" in wanted:
+                step("builtin", lambda: builtin_sweep(client, store, jpegs, work, settings,
+                                                      classifier.serving.batch_size))
+            if "detector" in wanted:
+                step("detector", lambda: record["served"].setdefault(
+                    DETECTOR, served(client, DETECTOR, jpegs, work, settings, log)))
+        for name in ("classifier", "detector"):
+            record.pop(name, None)               # kept under "served"
+    if wanted >= set(STEPS):
+        step("ratios", lambda: ratios(record, settings.loads))
     return record
 
 
 def as_text(record: dict[str, Any]) -> str:
+    """The record as lines; a step that did not run or failed is left out (see "failed")."""
     lines = [f"lab gpu: {record['machine']['device']}, torch {record['machine']['torch']}, "
              f"torchvision {record['machine']['torchvision']}, {record['machine']['cpus']} CPUs"]
-    for result in record["answers"]:
-        lines.append(f"answers {result['precision']:>4} vs CPU fp32: max change {result['max_change']:.4f} "
+    for result in record.get("answers", []):
+        lines.append(f"answers {result['precision']:>4} ({result['decoded_on']} decode) vs CPU fp32: "
+                     f"max change {result['max_change']:.4f} "
                      f"(bound {result['bound']:g}), top-1 changed {result['top1_changes']}, "
                      f"outside {len(result['disagreements'])} of {result['images']}")
-    reference = record["in_process"]
-    lines.append("in-process images/s: " + "; ".join(
-        f"{name} " + ", ".join(f"b{batch} {rate:.0f}" for batch, rate in rates.items())
-        for name, rates in reference.items()))
-    ceiling = record["load_generator"]["images_per_s"]
-    lines.append(f"load generator ceiling (trivial responder): {ceiling:.0f}/s")
-    lines.append(f"echo model ({record['echo']['workers']} workers): {record['echo']['images_per_s']:.0f}/s")
-    lines.append(f"workers READY {record['server_start_to_ready_s']:.1f} s after server start")
-    for model, by_load in record["served"].items():
+    if "in_process" in record:
+        lines.append("in-process images/s: " + "; ".join(
+            f"{name} " + ", ".join(f"b{batch} {rate:.0f}" for batch, rate in rates.items())
+            for name, rates in record["in_process"].items()))
+    if "load_generator" in record:
+        lines.append(f"load generator ceiling (trivial responder): "
+                     f"{record['load_generator']['images_per_s']:.0f}/s")
+    if "echo" in record:
+        lines.append(f"echo model ({record['echo']['workers']} workers): "
+                     f"{record['echo']['images_per_s']:.0f}/s")
+    if "server_start_to_ready_s" in record:
+        lines.append(f"workers READY {record['server_start_to_ready_s']:.1f} s after server start")
+    for model, by_load in record.get("served", {}).items():
         for clients, row in by_load.items():
             lines.append(f"{model} {clients:>3} clients: {row['images_per_s']:.0f} images/s, "
                          f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, errors {row['errors']}"
                          + (f"\n    stages {json.dumps(row['stages'])}" if "stages" in row else ""))
-    builtin = record["builtin"]
-    sweep = builtin["sweep_at_most_clients"]
-    lines.append(f"built-in image_classifier: best {builtin['best_workers']} workers; sweep "
-                 + ", ".join(f"{w}: {row['images_per_s']:.0f}" for w, row in sweep.items()))
-    for clients, row in builtin["best"].items():
-        lines.append(f"built-in {clients:>3} clients: {row['images_per_s']:.0f} images/s, "
-                     f"p50 {row['p50_ms']:.1f} ms")
+    if "builtin" in record:
+        builtin = record["builtin"]
+        sweep = builtin["sweep_at_most_clients"]
+        lines.append(f"built-in image_classifier: best {builtin['best_workers']} workers; sweep "
+                     + ", ".join(f"{w}: {row['images_per_s']:.0f}" for w, row in sweep.items()))
+        for clients, row in builtin["best"].items():
+            lines.append(f"built-in {clients:>3} clients: {row['images_per_s']:.0f} images/s, "
+                         f"p50 {row['p50_ms']:.1f} ms")
     lines += [f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}"
-              for name, value in record["ratios"].items()]
+              for name, value in record.get("ratios", {}).items()]
+    lines += [f"FAILED {name}: {why}" for name, why in record.get("failed", {}).items()]
     return "\n".join(lines)
 
 

@@ -26,6 +26,16 @@ class BatchRecord:
     # batches (e.g. EscalatedRequests), gauges hold this batch's value (e.g. EscalationRate).
     counters: dict[str, int] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
+    # Where a worker's time goes besides the stages: the batch from its start to this record's
+    # log line (`finish`), and the wait since the worker's previous batch was answered
+    # (TorchServe's protocol both ways and the frontend forming this batch; None for the first).
+    batch_ms: float = 0.0
+    waited_ms: float | None = None
+    started: float = field(default_factory=time.perf_counter, repr=False)
+
+    def finish(self) -> None:
+        """The batch's wall time so far, into `batch_ms`."""
+        self.batch_ms = (time.perf_counter() - self.started) * 1000
 
     @contextmanager
     def timing(self, stage: str) -> Iterator[None]:
@@ -39,6 +49,10 @@ class BatchRecord:
     def to_log_line(self) -> str:
         """`batch {json}`: one line per batch, machine-readable."""
         record = asdict(self)
+        del record["started"]
         record["rejected"] = dict(self.rejected)
         record["stage_ms"] = {stage: round(ms, 2) for stage, ms in self.stage_ms.items()}
+        record["batch_ms"] = round(self.batch_ms, 2)
+        if self.waited_ms is not None:
+            record["waited_ms"] = round(self.waited_ms, 2)
         return "batch " + json.dumps(record, sort_keys=True)

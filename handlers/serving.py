@@ -108,6 +108,10 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         self.log_batches = True
         self.batching: dict[str, Any] = {}     # how batches are gathered (batching_account)
         self.jpeg_draft_size: int | None = None   # set by `load` where JPEG draft decoding is on
+        # When this worker last answered a batch, and how long it then waited for the next
+        # (BatchRecord.waited_ms).
+        self.last_batch_answered: float | None = None
+        self.waited_ms: float | None = None
         # What serves each network with compiled packages ("classifier", or a pipeline's stage
         # roles), set by `load`: a package, or eager and why.
         self.runners: dict[str, RunnerChoice] = {}
@@ -241,13 +245,20 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         """One batch through every stage; one body per slot, in order."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)     # per thread: the batcher has its own
-        with host_batches().batch(solo_eligible(len(slots), self.max_batch_size)):
-            return self.run_batch(slots)
+        started = time.perf_counter()
+        if self.last_batch_answered is not None:
+            self.waited_ms = (started - self.last_batch_answered) * 1000
+        try:
+            with host_batches().batch(solo_eligible(len(slots), self.max_batch_size)):
+                return self.run_batch(slots)
+        finally:
+            self.last_batch_answered = time.perf_counter()
 
     def run_batch(self, slots: Sequence[RequestSlot]) -> list[bytes]:
         """`run_slots` inside the host's batch registration (handlers.model.host_batches: an
         engine with `solo_threads` takes them for a batch that began alone on the host)."""
-        record = BatchRecord(self.model_name, self.model_version, size=len(slots), runner=self.runner)
+        record = BatchRecord(self.model_name, self.model_version, size=len(slots), runner=self.runner,
+                             waited_ms=self.waited_ms)
         protocol = ProtocolStage(self.model_name, self.model_version, self.v2_outputs)
         with record.timing("decode"):
             for slot in slots:
@@ -326,6 +337,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         record.rejected.update(slot.error.error_type for slot in slots if slot.error is not None)
         if self.continuous is not None:
             record.gauges["QueuedRequests"] = self.continuous.batcher.queued
+        record.finish()
         if self.log_batches:
             logger.info(record.to_log_line())
         emit_batch_metrics(getattr(slots[0].context, "metrics", None), record)

@@ -13,8 +13,9 @@ from torchserve_vision.lab.batch_model import BatchTimeFit
 FIT = BatchTimeFit(t_fixed_ms=8.0, t_img_ms=4.0, rms_error_ms=0.0, r_squared=1.0)  # t(8) = 40 ms
 
 
-def line(at: str, worker: int, model: str, size: int, inference_ms: float) -> str:
-    record = {"model": model, "size": size, "stage_ms": {"decode": 1.0, "inference": inference_ms}}
+def line(at: str, worker: int, model: str, size: int, inference_ms: float, **timing: float) -> str:
+    record = {"model": model, "size": size, "stage_ms": {"decode": 1.0, "inference": inference_ms},
+              **timing}
     return (f"2026-11-23T20:01:{at} [INFO ] W-{worker}-{model}_1.0-stdout MODEL_LOG - batch "
             f"{json.dumps(record)}\n")
 
@@ -64,3 +65,14 @@ def test_stage_means_are_per_batch_and_per_image():
     assert means["ms_per_batch"] == {"decode": 1.0, "inference": 29.0}
     assert means["ms_per_image"] == {"decode": 2.0 / 12, "inference": 58.0 / 12}
     assert stage_means([]) == {"batches": 0}
+
+
+def test_the_time_outside_the_stages_and_between_batches_is_averaged_where_logged():
+    lines = [line("17,000", 9000, "m", 8, 39.0, batch_ms=44.0),                  # a first batch
+             line("17,100", 9000, "m", 8, 29.0, batch_ms=32.0, waited_ms=20.0),
+             line("17,200", 9001, "m", 8, 29.0, batch_ms=34.0, waited_ms=30.0)]
+    means = stage_means(logged_batches(lines, "m", "1.0"))
+    assert means["outside_stages_ms_per_batch"] == pytest.approx((4.0 + 2.0 + 4.0) / 3)
+    assert means["waited_ms_per_batch"] == pytest.approx(25.0)
+    older = stage_means(logged_batches([line("17,000", 9000, "m", 8, 39.0)], "m", "1.0"))
+    assert "outside_stages_ms_per_batch" not in older and "waited_ms_per_batch" not in older

@@ -75,6 +75,19 @@ def test_one_structured_log_line_per_batch(tiny_classifier, caplog):
         "tiny", "1.0", 2, 1)
     assert record["rejected"] == {"NotAnImage": 1}
     assert record["stage_ms"]["inference"] > 0
+    assert record["batch_ms"] >= sum(record["stage_ms"].values()) - 0.05   # rounded to 0.01 each
+
+
+def test_a_batch_line_says_how_long_the_worker_waited_since_its_previous_answers(tiny_classifier, caplog):
+    row = {"body": bytearray(photo_bytes("coffee.png"))}
+    answers(tiny_classifier, [row])
+    answered = tiny_classifier.last_batch_answered
+    with caplog.at_level(logging.INFO, logger="handlers.serving"):
+        answers(tiny_classifier, [row])
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch ")]
+    record = json.loads(line.removeprefix("batch "))
+    assert answered is not None and record["waited_ms"] > 0
+    assert tiny_classifier.last_batch_answered > answered
 
 
 def test_batch_logging_can_be_turned_off(tiny_classifier, caplog, monkeypatch):

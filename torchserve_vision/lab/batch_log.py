@@ -37,6 +37,8 @@ class LoggedBatch:
     size: int
     handler_ms: float   # the sum of the handler's stages (cache, decode, ..., postprocess)
     stage_ms: Mapping[str, float] = field(default_factory=dict)   # each stage's ms
+    batch_ms: float | None = None      # the batch's wall time in the handler (None: older lines)
+    waited_ms: float | None = None     # since the worker's previous batch was answered
 
 
 def logged_batches(lines: Iterable[str], model: str, version: str) -> list[LoggedBatch]:
@@ -48,7 +50,8 @@ def logged_batches(lines: Iterable[str], model: str, version: str) -> list[Logge
             record = json.loads(match[5])
             batches.append(LoggedBatch(datetime.strptime(match[1], TIMESTAMP_FORMAT), match[2],
                                        int(record["size"]), sum(record["stage_ms"].values()),
-                                       record["stage_ms"]))
+                                       record["stage_ms"], record.get("batch_ms"),
+                                       record.get("waited_ms")))
     return batches
 
 
@@ -59,9 +62,17 @@ def stage_means(batches: Sequence[LoggedBatch]) -> dict[str, Any]:
     images = sum(batch.size for batch in batches)
     stages = {stage for batch in batches for stage in batch.stage_ms}
     totals = {stage: sum(batch.stage_ms.get(stage, 0.0) for batch in batches) for stage in sorted(stages)}
-    return {"batches": len(batches), "mean_batch_size": images / len(batches),
-            "ms_per_batch": {stage: total / len(batches) for stage, total in totals.items()},
-            "ms_per_image": {stage: total / images for stage, total in totals.items()}}
+    means = {"batches": len(batches), "mean_batch_size": images / len(batches),
+             "ms_per_batch": {stage: total / len(batches) for stage, total in totals.items()},
+             "ms_per_image": {stage: total / images for stage, total in totals.items()}}
+    timed = [batch for batch in batches if batch.batch_ms is not None]
+    if timed:   # the handler's own time outside its stages (parsing answers, metrics, log)
+        means["outside_stages_ms_per_batch"] = sum(
+            (batch.batch_ms or 0.0) - batch.handler_ms for batch in timed) / len(timed)
+    waits = [batch.waited_ms for batch in batches if batch.waited_ms is not None]
+    if waits:   # between batches: TorchServe's protocol both ways and the frontend
+        means["waited_ms_per_batch"] = sum(waits) / len(waits)
+    return means
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from handlers.model.answer_agreement import DEVICE_BOUND, PROBABILITY_BOUNDS
 from handlers.request.image_header import read_header
 from torchserve_vision.lab.benchmark_images import distinct_jpegs
 from torchserve_vision.lab.device_answers import STORED_TURNED, agreement, answer_check_images
@@ -58,9 +59,13 @@ def test_agreement_applies_the_cross_device_rule_image_by_image():
     reference = [[(1, 0.60), (2, 0.30)], [(5, 0.90), (6, 0.05)]]
     got = [[(1, 0.59), (2, 0.31)], [(6, 0.50), (5, 0.45)]]
     result = agreement("fp32", ["near", "flipped"], got, reference)
-    assert result.bound == 0.02 and result.top1_changes == 1
+    assert result.bound == DEVICE_BOUND and result.top1_changes == 1 and result.decoded_on == "device"
     assert set(result.disagreements) == {"flipped"} and not result.agrees
     assert result.worst_image == "flipped" and abs(result.max_change - 0.45) < 1e-9
+    # From the CPU's decoded pixels the GPU is held to fp32's own bound: 0.01 is too far there.
+    from_cpu_pixels = agreement("fp32", ["near", "flipped"], got, reference, decoded_on="cpu")
+    assert from_cpu_pixels.bound == PROBABILITY_BOUNDS["fp32"]
+    assert set(from_cpu_pixels.disagreements) == {"near", "flipped"}
 
 
 def test_the_reference_pipeline_and_model_alone_run_on_the_cpu():

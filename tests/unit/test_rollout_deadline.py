@@ -1,4 +1,4 @@
-"""A rollout's request deadline (`models rollout`, torchserve_vision/cli/models.py): carried from
+"""A rollout's request deadline (`models rollout`, torchserve_vision/cli/models_common.py): carried from
 the archive, changed only by --deadline-ms, refused where TorchServe's own batching would drop
 expired requests unanswered."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torchserve_vision.cli.models import planned_deadline_ms
+from torchserve_vision.cli.models_common import planned_deadline_ms
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout import RolloutError
 

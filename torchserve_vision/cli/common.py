@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchserve_vision import paths
@@ -52,3 +54,42 @@ def subcommand(commands: argparse._SubParsersAction, name: str, summary: str, de
     return commands.add_parser(name, help=summary.replace("%", "%%"), description=description,
                                parents=parents or [],
                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def no_flags() -> list[argparse.ArgumentParser]:
+    return []
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One subcommand as a table entry: its name, its line in the parent's list, its own --help
+    text, the shared flag groups it takes (built when registered), its own arguments, and what
+    runs it (returning the exit status)."""
+
+    name: str
+    summary: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str = ""
+    flags: Callable[[], list[argparse.ArgumentParser]] = field(default=no_flags)
+
+
+def register_table(actions: argparse._SubParsersAction, table: Sequence[Subcommand]) -> None:
+    """Every entry of `table` as a subcommand of `actions`, in order."""
+    for entry in table:
+        parser = subcommand(actions, entry.name, entry.summary, entry.description or entry.summary,
+                            entry.flags())
+        entry.arguments(parser)
+        parser.set_defaults(run=entry.run)
+
+
+
+def model_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"default: {DEFAULT_MODEL}")
+
+
+def image_size_flag(parser: argparse.ArgumentParser) -> None:
+    from torchserve_vision.lab.benchmark_images import SIZES  # the lab's, imported when it registers
+
+    parser.add_argument("--image-size", choices=sorted(SIZES), default="small",
+                        help="the JPEG sent: small (720x720) or phone (12 MP)")

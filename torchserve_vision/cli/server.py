@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from torchserve_vision import paths
-from torchserve_vision.cli.common import subcommand
+from torchserve_vision.cli.common import Subcommand, register_table, subcommand
 from torchserve_vision.deployment_settings import DeploymentSettings
 from torchserve_vision.json_log_lines import json_log_line
 from torchserve_vision.lab.pods import Pod, PodError
@@ -63,15 +63,16 @@ Environment (a deployment's settings; unset = the config as written):
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    parser = subcommand(commands, "server",
-                        "start, stop, check or run TorchServe", DESCRIPTION)
-    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+def location_flags() -> argparse.ArgumentParser:
     location = argparse.ArgumentParser(add_help=False)
     location.add_argument("--config", type=Path, default=paths.DEVELOPMENT_CONFIG,
                           help=f"TorchServe config (default: {paths.DEVELOPMENT_CONFIG})")
     location.add_argument("--run-dir", type=Path, default=paths.RUN_DIR,
                           help=f"logs, keys and the pid file (default: {paths.RUN_DIR})")
+    return location
+
+
+def starting_flags() -> argparse.ArgumentParser:
     starting = argparse.ArgumentParser(add_help=False)
     store = os.environ.get("TSV_MODEL_STORE")
     starting.add_argument("--model-store", type=Path, default=Path(store) if store else None,
@@ -82,14 +83,36 @@ def register(commands: argparse._SubParsersAction) -> None:
                           help=f"log4j2 configuration (default: {paths.LOG_CONFIG})")
     starting.add_argument("--builtin-log-config", action="store_true",
                           help="TorchServe's own log4j2 configuration (DEBUG, for comparison)")
+    return starting
+
+
+def draining_flags() -> argparse.ArgumentParser:
     draining = argparse.ArgumentParser(add_help=False)
     draining.add_argument("--drain-timeout", type=float, default=30.0,
                           help="seconds to wait for queued requests before stopping (0: at once)")
+    return draining
+
+
+def probing_flags() -> argparse.ArgumentParser:
     probing = argparse.ArgumentParser(add_help=False)
     probe_port = os.environ.get("TSV_PROBE_PORT")
     probing.add_argument("--probe-port", type=int, default=int(probe_port) if probe_port else None,
                          help="serve GET /ready and /live on this port (default: $TSV_PROBE_PORT; "
                               "none when unset)")
+    log_to = os.environ.get("TSV_LOG_TO", "files")
+    probing.add_argument("--log-to", choices=sorted(LOG_DESTINATIONS), default=log_to,
+                         help="files: TorchServe's logs in the run directory's logs/ (default, or "
+                              "$TSV_LOG_TO); stdout: every log on standard output, for a container "
+                              f"({paths.STDOUT_LOG_CONFIG} unless --log-config says otherwise); "
+                              "json: the same as one JSON object per line, this command's own "
+                              f"lines too ({paths.JSON_LOG_CONFIG})")
+    probing.add_argument("--drain-delay", type=float, default=0.0,
+                         help="seconds to keep serving after SIGTERM with readiness false, before "
+                              "draining (time for load balancers to stop sending)")
+    return probing
+
+
+def fronting_flags() -> argparse.ArgumentParser:
     fronting = argparse.ArgumentParser(add_help=False)
     front_port = os.environ.get("TSV_FRONT_PORT")
     fronting.add_argument("--front-port", type=int, default=int(front_port) if front_port else None,
@@ -101,29 +124,38 @@ def register(commands: argparse._SubParsersAction) -> None:
                                "none when unset)")
     grpc_front_port = os.environ.get("TSV_GRPC_FRONT_PORT")
     fronting.add_argument("--grpc-front-port", type=int,
-                         default=int(grpc_front_port) if grpc_front_port else None,
-                         help="serve the Open Inference Protocol's standard gRPC service "
-                              "(inference.GRPCInferenceService, what tritonclient.grpc calls) on "
-                              "this port, forwarded to the front; needs --front-port (default: "
-                              "$TSV_GRPC_FRONT_PORT; none when unset)")
-    log_to = os.environ.get("TSV_LOG_TO", "files")
-    probing.add_argument("--log-to", choices=sorted(LOG_DESTINATIONS), default=log_to,
-                         help="files: TorchServe's logs in the run directory's logs/ (default, or "
-                              "$TSV_LOG_TO); stdout: every log on standard output, for a container "
-                              f"({paths.STDOUT_LOG_CONFIG} unless --log-config says otherwise); "
-                              "json: the same as one JSON object per line, this command's own "
-                              f"lines too ({paths.JSON_LOG_CONFIG})")
-    probing.add_argument("--drain-delay", type=float, default=0.0,
-                         help="seconds to keep serving after SIGTERM with readiness false, before "
-                              "draining (time for load balancers to stop sending)")
-    for name, parents, run, text in (
-            ("start", [location, starting, fronting], run_start,
-             "start TorchServe and wait for READY workers"),
-            ("stop", [location, draining], run_stop, "drain, then stop TorchServe"),
-            ("status", [location], run_status, "exit 0 when every model has READY workers"),
-            ("run", [location, starting, draining, probing, fronting], run_foreground,
-             "start, serve until SIGTERM or SIGINT, drain, stop (a container's command)")):
-        actions.add_parser(name, parents=parents, help=text, description=text).set_defaults(run=run)
+                          default=int(grpc_front_port) if grpc_front_port else None,
+                          help="serve the Open Inference Protocol's standard gRPC service "
+                               "(inference.GRPCInferenceService, what tritonclient.grpc calls) on "
+                               "this port, forwarded to the front; needs --front-port (default: "
+                               "$TSV_GRPC_FRONT_PORT; none when unset)")
+    return fronting
+
+
+def no_arguments(parser: argparse.ArgumentParser) -> None:
+    """Only the flag groups of the table's entry."""
+
+
+def table() -> tuple[Subcommand, ...]:
+    """One entry per subcommand (built when registered: the runners are defined further down)."""
+    start_text = "start TorchServe and wait for READY workers"
+    run_text = "start, serve until SIGTERM or SIGINT, drain, stop (a container's command)"
+    return (
+        Subcommand("start", start_text, no_arguments, run_start, start_text,
+                   lambda: [location_flags(), starting_flags(), fronting_flags()]),
+        Subcommand("stop", "drain, then stop TorchServe", no_arguments, run_stop,
+                   "drain, then stop TorchServe", lambda: [location_flags(), draining_flags()]),
+        Subcommand("status", "exit 0 when every model has READY workers", no_arguments, run_status,
+                   "exit 0 when every model has READY workers", lambda: [location_flags()]),
+        Subcommand("run", run_text, no_arguments, run_foreground, run_text,
+                   lambda: [location_flags(), starting_flags(), draining_flags(), probing_flags(),
+                            fronting_flags()]),
+    )
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = subcommand(commands, "server", "start, stop, check or run TorchServe", DESCRIPTION)
+    register_table(parser.add_subparsers(dest="action", required=True, metavar="ACTION"), table())
 
 
 def instance_from(args: argparse.Namespace) -> TorchServeInstance:

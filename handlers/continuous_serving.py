@@ -89,7 +89,7 @@ class ContinuousServing:
             return server_fault(slot, "ServerFault", f"{type(error).__name__}: {error}", 500)
 
     def refuse_overloaded(self, slot: RequestSlot) -> bytes:
-        emit_queue_full(getattr(slot.context, "metrics", None))
+        emit_queue_full(slot.context.metrics)
         slot.context.set_response_header(slot.index, "Retry-After", "1")
         return server_fault(slot, "ServiceUnavailable", f"{self.name} has "
                             f"{self.batcher.max_queued} requests waiting; retry later", 503)

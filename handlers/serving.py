@@ -1,11 +1,11 @@
 """The one TorchServe-facing class: the batch contract, per-request statuses, timing, warm-up.
 
-`handle` runs one batch as a short sequence of stages over its requests, one `RequestSlot` each
-(handlers.request_slot): read the protocol, parse (image bytes + options, once), look up the
-response cache, decode, answer (preprocess -> infer -> postprocess over the open requests),
-store in the cache, count drift and sample payloads (handlers.drift), offer copies to a shadow
-candidate, respond. The protocol (handlers.protocol_stage), the cache
-(handlers.cache.cache_stage) and the others plug in as small stage objects.
+`handle` runs one batch as a short sequence of steps over its requests, one `RequestSlot` each
+(handlers.request_slot): read the protocol (handlers.protocol_stage), parse (image bytes +
+options, once), decode, answer (preprocess -> infer -> postprocess over the open requests),
+respond. The optional stages (the response cache, drift counting, payload samples, the shadow)
+plug in around those steps through the hooks of handlers.batch_stage, from the one list
+`stages`; a stage that fails never fails a request.
 
 Subclasses implement small hooks, each with one job: `parse_settings(handler_section)` and
 `load(serialized_file)` once -> `parse_options(row, header)` per request -> `preprocess(items)`
@@ -32,6 +32,7 @@ import torch
 
 from handlers.batch_metrics import emit_batch_metrics, emit_runner_choice
 from handlers.batch_record import BatchRecord
+from handlers.batch_stage import BatchStage
 from handlers.cache.cache_stage import CACHE_HEADER, CacheStage, cache_stage_for
 from handlers.continuous_serving import ContinuousServing, continuous_batching_of
 from handlers.drift.drift_features import Observation
@@ -181,12 +182,13 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             worker_process_age_ms(), json.dumps(self.describe()["runners"], sort_keys=True),
         )
         for role, choice in self.runners.items():
-            emit_runner_choice(getattr(context, "metrics", None), role, choice)
+            emit_runner_choice(context.metrics, role, choice)
         self.drift = DriftStage(self.model_name, self.model_version, read_profile(self.model_dir),
                                 self.answer_observations)
-        self.drift.export_reference(getattr(context, "metrics", None))
+        self.drift.export_reference(context.metrics)
         self.payload_samples = payload_sampler_for(self.model_name, self.model_version)
-        self.cache = cache_stage_for(handler_settings, self.model_name, self.model_version)
+        self.cache = cache_stage_for(handler_settings, self.model_name, self.model_version,
+                                     self.near_duplicate_image)
         self.shadow = shadow_stage_for(self.model_name, self.model_version, self.compare_answers,
                                        self.replayable)
         if continuous is not None:
@@ -264,12 +266,11 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             for slot in slots:
                 protocol.read(slot)
                 self.parse(slot)
-        if self.cache is not None:
-            self.cache.look_up(slots, record)
+        stages = self.stages
+        self.run_stages(stages, "parsed", slots, record)
         with record.timing("decode"):
             self.decode_open(slots)
-        if self.cache is not None:
-            self.cache.look_up_near_duplicates(slots, self.near_duplicate_image, record)
+        self.run_stages(stages, "decoded", slots, record)
         computed = open_slots(slots)
         if computed:
             answers = iter(self.answer_in_chunks(
@@ -277,14 +278,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             for slot in computed:
                 own = list(islice(answers, len(slot.decoded)))
                 slot.answer_with(own if slot.several else own[0])
-        if self.cache is not None:
-            self.cache.store(computed, record)
-        if self.drift is not None:
-            self.observe_drift(computed)
-        if self.payload_samples is not None:
-            self.payload_samples.offer(computed, getattr(slots[0].context, "metrics", None))
-        if self.shadow is not None:
-            self.shadow.offer(slots)
+        self.run_stages(stages, "answered", slots, computed, record, slots[0].context.metrics)
         self.finish_record(record, slots)
         return [self.respond(slot, len(slots), protocol) for slot in slots]
 
@@ -323,14 +317,26 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         self.record_answers(record, answers)
         return answers
 
-    def observe_drift(self, computed: Sequence[RequestSlot]) -> None:
-        """Count the computed requests into the drift buckets. Monitoring never fails a batch:
-        an error here is logged and the answers go out."""
-        assert self.drift is not None
-        try:
-            self.drift.observe(computed, getattr(computed[0].context, "metrics", None) if computed else None)
-        except Exception:   # see the docstring
-            logger.exception("drift counting failed for a batch of %d requests", len(computed))
+    @property
+    def stages(self) -> list[BatchStage]:
+        """The optional stages, in the order their hooks run (handlers.batch_stage): the one
+        list a new stage joins."""
+        return [stage for stage in (self.cache, self.drift, self.payload_samples, self.shadow)
+                if stage is not None]
+
+    @staticmethod
+    def run_stages(stages: Sequence[BatchStage], hook: str, *arguments: Any) -> None:
+        """`hook` of every stage in turn. A stage that raises never fails a request: it is logged
+        and counted (`Handler<name>StageFailures`), and the batch goes on."""
+        record = next(argument for argument in arguments if isinstance(argument, BatchRecord))
+        for stage in stages:
+            try:
+                getattr(stage, hook)(*arguments)
+            except Exception:   # see the docstring
+                logger.exception("the %s stage failed at %s; the batch goes on without it",
+                                 stage.name, hook)
+                failures = f"{stage.name}StageFailures"
+                record.counters[failures] = record.counters.get(failures, 0) + 1
 
     def finish_record(self, record: BatchRecord, slots: Sequence[RequestSlot]) -> None:
         record.answered = sum(slot.error is None for slot in slots)
@@ -340,7 +346,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         record.finish()
         if self.log_batches:
             logger.info(record.to_log_line())
-        emit_batch_metrics(getattr(slots[0].context, "metrics", None), record)
+        emit_batch_metrics(slots[0].context.metrics, record)
 
     def answer_items(self, items: Sequence[DecodedImage[Options]], record: BatchRecord) -> list[Any]:
         """preprocess -> infer -> postprocess over `items`; on CUDA out-of-memory, the items are

@@ -116,6 +116,7 @@ class TorchServeContext(Protocol):
 
     manifest: dict[str, Any]
     model_yaml_config: dict[str, Any] | None
+    metrics: Any     # TorchServe's metrics cache (ts.metrics.metric_cache_abstract); None in tests
 
     @property
     def system_properties(self) -> dict[str, Any]: ...

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from handlers.batch_record import BatchRecord
+from handlers.batch_stage import BatchStage
 from handlers.cache.cache_settings import parse_cache_section, with_environment
 from handlers.cache.perceptual_hash import perceptual_hash
 from handlers.cache.response_cache import ResponseCache, cache_key, namespace_of
@@ -37,9 +38,22 @@ def bypasses_cache(header: HeaderReader) -> bool:
 
 
 @dataclass(frozen=True)
-class CacheStage:
+class CacheStage(BatchStage):
     cache: ResponseCache
     namespace: str          # see handlers.cache.response_cache.namespace_of
+    # the image a near-duplicate key is hashed from (the handler's `near_duplicate_image`)
+    image_of: Callable[[Any], torch.Tensor | None]
+    name = "Cache"
+
+    def parsed(self, slots: Sequence[RequestSlot], record: BatchRecord) -> None:
+        self.look_up(slots, record)
+
+    def decoded(self, slots: Sequence[RequestSlot], record: BatchRecord) -> None:
+        self.look_up_near_duplicates(slots, self.image_of, record)
+
+    def answered(self, slots: Sequence[RequestSlot], computed: Sequence[RequestSlot],
+                 record: BatchRecord, metrics: Any) -> None:
+        self.store(computed, record)
 
     def look_up(self, slots: Sequence[RequestSlot], record: BatchRecord) -> None:
         """Key every open, parsed request that does not bypass the cache; answer the hits."""
@@ -97,8 +111,8 @@ class CacheStage:
         record.gauges["CacheMemoryBytes"] = self.cache.memory_bytes
 
 
-def cache_stage_for(handler_section: Mapping[str, Any], model_name: str,
-                    model_version: str) -> CacheStage | None:
+def cache_stage_for(handler_section: Mapping[str, Any], model_name: str, model_version: str,
+                    image_of: Callable[[Any], torch.Tensor | None]) -> CacheStage | None:
     """The cache of a model version from its `handler.cache` section (TSV_CACHE_* environment
     variables override it); None when the cache is off."""
     settings = with_environment(parse_cache_section(handler_section.get("cache")), os.environ)
@@ -106,4 +120,5 @@ def cache_stage_for(handler_section: Mapping[str, Any], model_name: str,
         return None
     logger.info("response cache on: memory_bytes=%d redis=%s ttl_s=%d", settings.memory_bytes,
                 settings.redis_url or "none", settings.ttl_s)
-    return CacheStage(ResponseCache(settings), namespace_of(model_name, model_version, handler_section))
+    return CacheStage(ResponseCache(settings), namespace_of(model_name, model_version, handler_section),
+                      image_of)

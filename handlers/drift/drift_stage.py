@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from handlers.batch_metrics import emit_drift_observations, emit_drift_reference
+from handlers.batch_record import BatchRecord
+from handlers.batch_stage import BatchStage
 from handlers.drift.drift_features import Observation, input_observations, mean_brightness
 from handlers.drift.drift_profile import DriftProfile
 from handlers.request.image_header import read_header
@@ -25,7 +27,9 @@ from handlers.request_slot import RequestSlot, computed_images
 AnswerObservations = Callable[[Any], list[Observation]]
 
 
-class DriftStage:
+class DriftStage(BatchStage):
+    name = "Drift"
+
     def __init__(self, model_name: str, model_version: str, profile: DriftProfile | None,
                  answer_observations: AnswerObservations) -> None:
         self.model_name, self.model_version = model_name, model_version
@@ -37,6 +41,10 @@ class DriftStage:
         """The profile as gauges (at worker start; nothing without a profile)."""
         if self.profile is not None:
             emit_drift_reference(metrics, self.model_name, self.model_version, self.profile)
+
+    def answered(self, slots: Sequence[RequestSlot], computed: Sequence[RequestSlot],
+                 record: BatchRecord, metrics: Any) -> None:
+        self.observe(computed, metrics)
 
     def observe(self, slots: Sequence[RequestSlot], metrics: Any) -> None:
         """Count the answered, decoded requests of `slots`; export the batch's counts."""

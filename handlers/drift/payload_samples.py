@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from handlers.batch_metrics import emit_payload_samples
+from handlers.batch_record import BatchRecord
+from handlers.batch_stage import BatchStage
 from handlers.ground.limits import SettingsError
 from handlers.request_slot import RequestSlot, computed_images
 
@@ -166,9 +168,11 @@ class SampleDirectory:
                 self.total -= self.sizes.pop(name)
 
 
-class PayloadSampler:
+class PayloadSampler(BatchStage):
     """See the module docstring. `outcomes` counts offered samples by what became of them:
     written, rate_limited, queue_full, write_failed."""
+
+    name = "PayloadSamples"
 
     def __init__(self, model: str, version: str, settings: SampleSettings,
                  clock: Callable[[], float] = time.time, output: TextIO | None = None) -> None:
@@ -184,6 +188,10 @@ class PayloadSampler:
         self.writer = threading.Thread(target=self.write_forever, daemon=True,
                                        name=f"payload samples {model} {version}")
         self.writer.start()
+
+    def answered(self, slots: Sequence[RequestSlot], computed: Sequence[RequestSlot],
+                 record: BatchRecord, metrics: Any) -> None:
+        self.offer(computed, metrics)
 
     def offer(self, slots: Sequence[RequestSlot], metrics: Any = None) -> None:
         """Draw the answered, decoded requests of `slots` against the rate; queue those drawn.

@@ -34,6 +34,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from handlers.batch_metrics import emit_shadow_comparison, emit_shadow_dropped
+from handlers.batch_record import BatchRecord
+from handlers.batch_stage import BatchStage
 from handlers.request_slot import RequestSlot
 from handlers.shadow.answer_comparison import Comparer
 from handlers.shadow.shadow_policy import (
@@ -82,11 +84,13 @@ def inference_key(key_file: str | None) -> str | None:
     return str(json.loads(Path(key_file).read_text(encoding="utf-8"))["inference"]["key"])
 
 
-class ShadowStage:
+class ShadowStage(BatchStage):
     """Mirrors a share of `model` `version`'s answered requests to the candidate its policy file
     names, when that policy's stable version is this one. `compare(production, candidate)` is
     the model kind's comparer; `replayable(slot)` says whether the slot's options all come from
     its headers."""
+
+    name = "Shadow"
 
     def __init__(self, model: str, version: str, policy_file: PolicyFile, compare: Comparer,
                  replayable: Callable[[RequestSlot], bool],
@@ -109,6 +113,10 @@ class ShadowStage:
             return None
         return policy
 
+    def answered(self, slots: Sequence[RequestSlot], computed: Sequence[RequestSlot],
+                 record: BatchRecord, metrics: Any) -> None:
+        self.offer(slots)
+
     def offer(self, slots: Sequence[RequestSlot]) -> None:
         """Queue copies of a share of `slots`' answered requests (never waits)."""
         policy = self.active_policy()
@@ -119,7 +127,7 @@ class ShadowStage:
                 continue
             if self.draw() * 100 >= policy.percent:
                 continue
-            metrics = getattr(slot.context, "metrics", None)
+            metrics = slot.context.metrics
             reason = self.unreplayable_reason(slot)
             if reason is not None:
                 self.drop(metrics, policy, reason)

@@ -112,7 +112,8 @@ def test_settings_and_environment_overrides():
 def cached_classifier(tiny_classifier, monkeypatch):
     """The tiny classifier with an in-worker cache, counting decodes."""
     monkeypatch.setattr(tiny_classifier, "cache",
-                        CacheStage(ResponseCache(CacheSettings(enabled=True)), "tiny:1.0:test"))
+                        CacheStage(ResponseCache(CacheSettings(enabled=True)), "tiny:1.0:test",
+                                   tiny_classifier.near_duplicate_image))
     decoded: list[int] = []
     original = tiny_classifier.decode_images
 

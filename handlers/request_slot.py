@@ -36,6 +36,7 @@ class RequestSlot:
     v2: V2Request | None = None
     parsed: ParsedRequest[Any] | None = None
     decoded: list[Any] = field(default_factory=list)
+    headers: list[Any] = field(default_factory=list)   # each decoded image's ImageHeader
     cache_status: str | None = None
     cache_keys: list[str] = field(default_factory=list)
     answer: Any = None
@@ -70,11 +71,14 @@ def open_slots(slots: Sequence[RequestSlot]) -> list[RequestSlot]:
     return [slot for slot in slots if slot.is_open]
 
 
-def computed_images(slots: Sequence[RequestSlot]) -> Iterator[tuple[bytes, Any, Any]]:
-    """(encoded bytes, DecodedImage, answer) of every image of the answered, decoded requests of
-    `slots` (not cache hits, not refused ones): what drift counting and payload sampling see."""
+def computed_images(slots: Sequence[RequestSlot]) -> Iterator[tuple[bytes, Any, Any, Any]]:
+    """(encoded bytes, ImageHeader or None, DecodedImage, answer) of every image of the answered,
+    decoded requests of `slots` (not cache hits, not refused ones): what drift counting and
+    payload sampling see. The header is the one the image was decoded by (None from a handler
+    that decodes without one)."""
     for slot in slots:
         if slot.error is not None or not slot.decoded or slot.parsed is None:
             continue
         answers = slot.answer if slot.several else [slot.answer]
-        yield from zip(slot.parsed.images, slot.decoded, answers, strict=True)
+        headers = slot.headers or [None] * len(slot.decoded)
+        yield from zip(slot.parsed.images, headers, slot.decoded, answers, strict=True)

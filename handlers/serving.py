@@ -47,7 +47,8 @@ from handlers.model.model_loading import resolve_device
 from handlers.model.runner_selection import RunnerChoice
 from handlers.model.settings import parse_log_batches, parse_torch_threads
 from handlers.protocol_stage import ProtocolStage
-from handlers.request.decode import DecodeResult, decode_images, warm_up_decoder
+from handlers.request.decode import DecodeResult, decode_with_headers, warm_up_decoder
+from handlers.request.image_header import ImageHeader
 from handlers.request.inference_protocol import (
     IMAGE_INPUT_METADATA,
     OutputSpec,
@@ -296,10 +297,12 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         pending = [(slot, slot.parsed) for slot in open_slots(slots) if slot.parsed is not None]
         results = iter(self.decode_images([image for _, parsed in pending for image in parsed.images]))
         for slot, parsed in pending:
-            own = list(islice(results, len(parsed.images)))
+            decoded = list(islice(results, len(parsed.images)))
+            own = [result for result, _ in decoded]
             images = [result for result in own if not isinstance(result, ClientError)]
             if len(images) == len(own):
                 slot.decoded = [DecodedImage(image, parsed.options) for image in images]
+                slot.headers = [header for _, header in decoded]
                 continue
             index, error = next((index, result) for index, result in enumerate(own)
                                 if isinstance(result, ClientError))
@@ -448,14 +451,14 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                                          self.settings.limits.max_images_per_request)
         return ParsedRequest(tuple(images), self.parse_options(row, header), several)
 
-    def decode_images(self, encoded: Sequence[bytes]) -> list[DecodeResult]:
+    def decode_images(self, encoded: Sequence[bytes]) -> list[tuple[DecodeResult, ImageHeader | None]]:
         """The batch's encoded images decoded together onto the device, each a tensor or its own
-        ClientError (handlers.request.decode)."""
-        return decode_images(encoded, self.settings.limits, self.device, self.jpeg_draft_size)
+        ClientError, with the header it was decoded by (handlers.request.decode)."""
+        return decode_with_headers(encoded, self.settings.limits, self.device, self.jpeg_draft_size)
 
     def decode(self, image_bytes: bytes, options: Options) -> DecodedImage[Options]:
         """One encoded image decoded as `decode_images` does (ClientError for a bad one)."""
-        result = self.decode_images([image_bytes])[0]
+        result = self.decode_images([image_bytes])[0][0]
         if isinstance(result, ClientError):
             raise result
         return DecodedImage(result, options)

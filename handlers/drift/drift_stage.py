@@ -49,8 +49,8 @@ class DriftStage(BatchStage):
     def observe(self, slots: Sequence[RequestSlot], metrics: Any) -> None:
         """Count the answered, decoded requests of `slots`; export the batch's counts."""
         batch: Counter[Observation] = Counter()
-        for image_bytes, item, answer in computed_images(slots):
-            header = read_header(image_bytes)
+        for image_bytes, decoded_by, item, answer in computed_images(slots):
+            header = decoded_by or read_header(image_bytes)
             batch.update(input_observations(header.image_format, header.width, header.height,
                                             mean_brightness(item.image)))
             batch.update(self.answer_observations(answer))

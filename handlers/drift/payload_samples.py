@@ -196,7 +196,7 @@ class PayloadSampler(BatchStage):
     def offer(self, slots: Sequence[RequestSlot], metrics: Any = None) -> None:
         """Draw the answered, decoded requests of `slots` against the rate; queue those drawn.
         The outcomes since the last call go out as HandlerPayloadSamples{Outcome} counters."""
-        for image, _, answer in computed_images(slots):
+        for image, _, _, answer in computed_images(slots):
             if not self.bucket.take():
                 self.outcomes["rate_limited"] += 1
                 continue

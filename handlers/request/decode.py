@@ -50,7 +50,8 @@ from handlers.request.image_header import (
 from handlers.request.jpeg_batches import decode_jpeg_run, pixel_bounded_chunks
 from handlers.request.orientation import oriented
 
-__all__ = ["DecodeResult", "decode_image_bytes", "decode_images", "read_header", "warm_up_decoder"]
+__all__ = ["DecodeResult", "decode_image_bytes", "decode_images", "decode_with_headers", "read_header",
+           "warm_up_decoder"]
 
 CPU = torch.device("cpu")
 SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
@@ -175,23 +176,33 @@ def decode_images(encoded: Sequence[bytes], limits: ImageLimits, device: torch.d
     (from the header, before decoding). With `min_short_side`, a JPEG at least twice that size
     may come back reduced, its short side still >= `min_short_side` (see the module docstring).
     One result per input, in order; a fault of one image is never another's."""
+    return [result for result, _ in decode_with_headers(encoded, limits, device, min_short_side)]
+
+
+def decode_with_headers(encoded: Sequence[bytes], limits: ImageLimits, device: torch.device | None = None,
+                        min_short_side: int | None = None
+                        ) -> list[tuple[DecodeResult, ImageHeader | None]]:
+    """`decode_images`, each result with the header it was decoded by (None where the header
+    itself was refused): what a later stage reads of the image (its format and stored size)
+    without reading the header again."""
     device = device or CPU
     results: list[DecodeResult | None] = [None] * len(encoded)
-    headers: dict[int, ImageHeader] = {}
+    headers: list[ImageHeader | None] = [None] * len(encoded)
+    on_device: dict[int, ImageHeader] = {}
     for index, data in enumerate(encoded):
         try:
-            header = checked_header(data, limits)
+            header = headers[index] = checked_header(data, limits)
         except ClientError as error:
             results[index] = error
             continue
         jpeg = header.jpeg
         if jpeg is not None and jpeg.device_decodable and not decodes_reduced(header, min_short_side):
-            headers[index] = header
+            on_device[index] = header
         else:
             results[index] = _decode_on_cpu(data, header, limits, min_short_side)
-    _decode_batched(encoded, headers, limits, device, results)
-    return [result if isinstance(result, ClientError) else _on_device(result, device)
-            for result in _settled(results)]
+    _decode_batched(encoded, on_device, limits, device, results)
+    return [(result if isinstance(result, ClientError) else _on_device(result, device), header)
+            for result, header in zip(_settled(results), headers, strict=True)]
 
 
 def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], limits: ImageLimits,

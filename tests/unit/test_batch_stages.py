@@ -113,3 +113,23 @@ def test_the_stages_are_one_list_in_the_order_their_hooks_run(tiny_classifier, m
     tiny_classifier.handle([{"body": bytearray(photo_bytes(name))} for name in PHOTOS], archive)
     assert seen == [f"{stage}.{hook}" for hook in ("parsed", "decoded", "answered")
                     for stage in ("cache", "drift", "payload_samples", "shadow")]
+
+
+def test_each_images_header_is_read_once_per_batch_with_drift_counting_on(tiny_classifier, monkeypatch,
+                                                                          caplog):
+    from handlers.drift import drift_stage
+    from handlers.request import image_header
+
+    reads: list[int] = []
+    real = image_header.read_header
+
+    def counted(data):
+        reads.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(image_header, "read_header", counted)
+    monkeypatch.setattr(drift_stage, "read_header", counted)
+    before = sum(tiny_classifier.drift.counts.values())
+    served(tiny_classifier, caplog)
+    assert len(reads) == len(PHOTOS)                      # by the decode; drift reuses them
+    assert sum(tiny_classifier.drift.counts.values()) > before   # and drift did count

@@ -49,9 +49,9 @@ class DigitHandler(BatchedImageHandler[int, list[int], list[int], Any]):
             raise ClientError(400, "NotADigit", f"{text!r} is not a digit")
         return int(text)
 
-    def decode_images(self, encoded: Sequence[bytes]) -> list[torch.Tensor | ClientError]:
+    def decode_images(self, encoded: Sequence[bytes]) -> list[tuple[torch.Tensor | ClientError, Any]]:
         self.decoded += len(encoded)
-        return [torch.empty(0) for _ in encoded]
+        return [(torch.empty(0), None) for _ in encoded]
 
     def preprocess(self, items: Sequence[DecodedImage[int]]) -> list[int]:
         return [item.options for item in items]

@@ -23,8 +23,8 @@ from PIL import Image
 
 from handlers.ground.errors import ClientError
 from handlers.model.answer_agreement import RankedClasses, answer_disagreement, cross_device_bound
-from handlers.request.decode import DecodeResult
-from handlers.request.decode import decode_images as decode_on
+from handlers.request.decode import DecodeResult, decode_with_headers
+from handlers.request.image_header import ImageHeader
 from torchserve_vision.local_handler import archive_context, load_handler
 from torchserve_vision.photo_sets import jpeg, project_photos, variant_jpegs
 
@@ -124,10 +124,10 @@ def decoding_on_the_cpu(handler: Any) -> Any:
     """`handler` with its batches decoded on the CPU and then moved to its device: its answers
     without the device's decoder, so that the decoder's share of a difference can be told apart
     from the arithmetic's (a measurement; served handlers decode on their device)."""
-    def decode_images(encoded: Sequence[bytes]) -> list[DecodeResult]:
-        return [result if isinstance(result, ClientError) else result.to(handler.device)
-                for result in decode_on(encoded, handler.settings.limits, torch.device("cpu"),
-                                        handler.jpeg_draft_size)]
+    def decode_images(encoded: Sequence[bytes]) -> list[tuple[DecodeResult, ImageHeader | None]]:
+        return [(result if isinstance(result, ClientError) else result.to(handler.device), header)
+                for result, header in decode_with_headers(encoded, handler.settings.limits,
+                                                          torch.device("cpu"), handler.jpeg_draft_size)]
 
     handler.decode_images = decode_images
     return handler

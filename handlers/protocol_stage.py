@@ -64,7 +64,9 @@ class ProtocolStage:
                 return slot.error.to_json_bytes()
             return json.dumps(v2_error(slot.error)).encode("utf-8")
         if slot.v2 is None:
-            return json.dumps({"predictions": slot.answer} if slot.several else slot.answer).encode("utf-8")
+            if slot.several:
+                return json.dumps({"predictions": slot.answer}).encode("utf-8")
+            return slot.answer_bytes()
         outputs = (stacked_outputs([self.outputs(answer) for answer in slot.answer]) if slot.several
                    else self.outputs(slot.answer))
         return json.dumps(v2_response(self.model_name, self.model_version, slot.v2,

@@ -9,6 +9,7 @@ ClientError; nothing is tracked by position in parallel lists.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ class RequestSlot:
     parsed: ParsedRequest[Any] | None = None
     decoded: list[Any] = field(default_factory=list)
     headers: list[Any] = field(default_factory=list)   # each decoded image's ImageHeader
+    answer_json: bytes | None = None   # the answer serialised, once (`answer_bytes`)
     cache_status: str | None = None
     cache_keys: list[str] = field(default_factory=list)
     answer: Any = None
@@ -57,9 +59,18 @@ class RequestSlot:
         self._settle()
         self.error = error
 
-    def answer_with(self, answer: Any) -> None:
+    def answer_with(self, answer: Any, serialised: bytes | None = None) -> None:
+        """Settle the request with `answer`; `serialised` is its JSON when the caller has it
+        already (a cache hit's stored bytes)."""
         self._settle()
-        self.answer = answer
+        self.answer, self.answer_json = answer, serialised
+
+    def answer_bytes(self) -> bytes:
+        """The answer as JSON, serialised once: the body of a /predictions answer and what the
+        response cache stores are the same bytes."""
+        if self.answer_json is None:
+            self.answer_json = json.dumps(self.answer).encode("utf-8")
+        return self.answer_json
 
     def _settle(self) -> None:
         if self.settled:

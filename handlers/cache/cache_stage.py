@@ -97,14 +97,14 @@ class CacheStage(BatchStage):
         found = self.cache.lookup([slot.cache_keys[-1] for slot in keyed])
         hits = [slot for slot in keyed if slot.cache_keys[-1] in found]
         for slot in hits:
-            slot.answer_with(json.loads(found[slot.cache_keys[-1]]))
+            stored = found[slot.cache_keys[-1]]
+            slot.answer_with(json.loads(stored), serialised=stored)
             slot.cache_status = status
         return len(hits)
 
     def store(self, computed: Sequence[RequestSlot], record: BatchRecord) -> None:
         """Store the computed answers of keyed requests under every key they have; count."""
-        entries = {key: json.dumps(slot.answer).encode()
-                   for slot in computed for key in slot.cache_keys}
+        entries = {key: slot.answer_bytes() for slot in computed for key in slot.cache_keys}
         self.cache.store(entries)
         record.counters.update({f"Cache{name}": count
                                 for name, count in self.cache.take_counts().items()})

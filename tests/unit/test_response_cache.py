@@ -223,3 +223,26 @@ def test_near_duplicate_mode_answers_a_reencoded_photo_from_the_cache(cached_cla
     assert context.response_headers[0]["X-Cache"] == "near-hit" and again == first
     (other,), context = run(handler, [bytearray(photo_bytes("coffee.png"))])
     assert context.response_headers[0]["X-Cache"] == "miss" and other != first
+
+
+def test_an_answer_is_serialised_once_and_a_hit_is_sent_as_stored(cached_classifier, monkeypatch):
+    from handlers import request_slot
+
+    handler, _ = cached_classifier
+    image = bytearray(photo_bytes("coffee.png"))
+    serialised: list[object] = []
+    real = request_slot.json.dumps
+
+    def counted(value, *args, **kwargs):
+        if isinstance(value, list):            # an answer (not a log line's dict)
+            serialised.append(value)
+        return real(value, *args, **kwargs)
+
+    monkeypatch.setattr(request_slot.json, "dumps", counted)
+    context = archive_context(handler.model_dir, request_headers=[{}])
+    (miss,) = handler.handle([{"body": image}], context)
+    assert context.response_headers[0]["X-Cache"] == "miss" and len(serialised) == 1  # stored = sent
+    context = archive_context(handler.model_dir, request_headers=[{}])
+    (hit,) = handler.handle([{"body": bytearray(image)}], context)
+    assert context.response_headers[0]["X-Cache"] == "hit" and len(serialised) == 1   # sent as stored
+    assert hit == miss

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from handlers.batch_record import BatchRecord
+from handlers.batch.batch_record import BatchRecord
 from handlers.ground.decoded_requests import DecodedImage
 from handlers.ground.kind_options import CascadeOptions
 from handlers.model.classifier_model import ClassifierModel

@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from handlers.batch.request_slot import RequestSlot
 from handlers.batch_metrics import emit_queue_full
 from handlers.continuous_batching import ContinuousBatcher, QueueFull
 from handlers.model.settings import ContinuousBatching, parse_continuous_batching
-from handlers.request_slot import RequestSlot
 from handlers.torchserve_context import (
     JSON_CONTENT_TYPE,
     TorchServeContext,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from handlers.batch.request_slot import RequestSlot
 from handlers.ground.errors import ClientError
 from handlers.request.inference_protocol import (
     BINARY_HEADER,
@@ -25,7 +26,6 @@ from handlers.request.inference_protocol import (
     v2_response,
     v2_to_row,
 )
-from handlers.request_slot import RequestSlot
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """The one TorchServe-facing class: the batch contract, per-request statuses, timing, warm-up.
 
 `handle` runs one batch as a short sequence of steps over its requests, one `RequestSlot` each
-(handlers.request_slot): read the protocol (handlers.protocol_stage), parse (image bytes +
+(handlers.batch.request_slot): read the protocol (handlers.protocol_stage), parse (image bytes +
 options, once), decode, answer (preprocess -> infer -> postprocess over the open requests),
 respond. The optional stages (the response cache, drift counting, payload samples, the shadow)
-plug in around those steps through the hooks of handlers.batch_stage, from the one list
+plug in around those steps through the hooks of handlers.batch.batch_stage, from the one list
 `stages`; a stage that fails never fails a request.
 
 Subclasses implement small hooks, each with one job: `parse_settings(handler_section)` and
@@ -30,9 +30,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from handlers.batch.batch_record import BatchRecord
+from handlers.batch.batch_stage import BatchStage
+from handlers.batch.request_slot import HeaderReader, RequestSlot, open_slots
 from handlers.batch_metrics import emit_batch_metrics, emit_runner_choice
-from handlers.batch_record import BatchRecord
-from handlers.batch_stage import BatchStage
 from handlers.cache.cache_stage import CACHE_HEADER, CacheStage, cache_stage_for
 from handlers.continuous_serving import ContinuousServing, continuous_batching_of
 from handlers.drift.drift_features import Observation
@@ -56,7 +57,6 @@ from handlers.request.inference_protocol import (
     output_metadata,
 )
 from handlers.request.request_body import extract_images
-from handlers.request_slot import HeaderReader, RequestSlot, open_slots
 from handlers.shadow.answer_comparison import AnswerComparison
 from handlers.shadow.shadow_stage import ShadowStage, shadow_stage_for
 from handlers.torchserve_context import (
@@ -322,7 +322,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
 
     @property
     def stages(self) -> list[BatchStage]:
-        """The optional stages, in the order their hooks run (handlers.batch_stage): the one
+        """The optional stages, in the order their hooks run (handlers.batch.batch_stage): the one
         list a new stage joins."""
         return [stage for stage in (self.cache, self.drift, self.payload_samples, self.shadow)
                 if stage is not None]

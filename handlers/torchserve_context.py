@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from handlers.request_slot import HeaderReader
+from handlers.batch.request_slot import HeaderReader
 
 JSON_CONTENT_TYPE = "application/json"
 DESCRIBE_HEADER = "describe"   # TorchServe's `GET /models/{m}?customized=true` sends "True"

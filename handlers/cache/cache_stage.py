@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from handlers.batch_record import BatchRecord
-from handlers.batch_stage import BatchStage
+from handlers.batch.batch_record import BatchRecord
+from handlers.batch.batch_stage import BatchStage
+from handlers.batch.request_slot import HeaderReader, RequestSlot
 from handlers.cache.cache_settings import parse_cache_section, with_environment
 from handlers.cache.perceptual_hash import perceptual_hash
 from handlers.cache.response_cache import ResponseCache, cache_key, namespace_of
 from handlers.request.request_options import canonical_text
-from handlers.request_slot import HeaderReader, RequestSlot
 
 logger = logging.getLogger(__name__)
 CACHE_HEADER = "X-Cache"   # hit | near-hit | miss | bypass, when the model has a response cache

@@ -16,13 +16,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from handlers.batch_metrics import emit_drift_observations, emit_drift_reference
-from handlers.batch_record import BatchRecord
-from handlers.batch_stage import BatchStage
+from handlers.batch.batch_record import BatchRecord
+from handlers.batch.batch_stage import BatchStage
+from handlers.batch.request_slot import RequestSlot, computed_images
 from handlers.drift.drift_features import Observation, input_observations, mean_brightness
+from handlers.drift.drift_metrics import emit_drift_observations, emit_drift_reference
 from handlers.drift.drift_profile import DriftProfile
 from handlers.request.image_header import read_header
-from handlers.request_slot import RequestSlot, computed_images
 
 AnswerObservations = Callable[[Any], list[Observation]]
 

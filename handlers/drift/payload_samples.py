@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from handlers.batch_metrics import emit_payload_samples
-from handlers.batch_record import BatchRecord
-from handlers.batch_stage import BatchStage
+from handlers.batch.batch_record import BatchRecord
+from handlers.batch.batch_stage import BatchStage
+from handlers.batch.request_slot import RequestSlot, computed_images
+from handlers.drift.drift_metrics import emit_payload_samples
 from handlers.ground.limits import SettingsError
-from handlers.request_slot import RequestSlot, computed_images
 
 logger = logging.getLogger(__name__)
 

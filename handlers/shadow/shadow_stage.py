@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from handlers.batch_metrics import emit_shadow_comparison, emit_shadow_dropped
-from handlers.batch_record import BatchRecord
-from handlers.batch_stage import BatchStage
-from handlers.request_slot import RequestSlot
+from handlers.batch.batch_record import BatchRecord
+from handlers.batch.batch_stage import BatchStage
+from handlers.batch.request_slot import RequestSlot
 from handlers.shadow.answer_comparison import Comparer
+from handlers.shadow.shadow_metrics import emit_shadow_comparison, emit_shadow_dropped
 from handlers.shadow.shadow_policy import (
     TRAFFIC_DIR_ENVIRONMENT,
     PolicyFile,

@@ -1,4 +1,4 @@
-"""The optional stages around a batch (handlers.batch_stage): one list in the order their hooks
+"""The optional stages around a batch (handlers.batch.batch_stage): one list in the order their hooks
 run, and a stage that fails never fails a request. Before the stages shared one guard, a fault
 in the response cache, the payload sampler or the shadow stage failed the whole batch (only drift
 counting was guarded); now each is logged, counted (`Handler<name>StageFailures`) and the batch's
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.batch_stage import BatchStage
+from handlers.batch.batch_stage import BatchStage
 from handlers.cache.cache_settings import CacheSettings
 from handlers.cache.cache_stage import CacheStage
 from handlers.cache.response_cache import ResponseCache

@@ -6,11 +6,11 @@ from collections import Counter
 
 import torch
 
+from handlers.batch.request_slot import RequestSlot
 from handlers.drift.drift_profile import DriftProfile
 from handlers.drift.drift_stage import DriftStage
 from handlers.ground.decoded_requests import DecodedImage, ParsedRequest
 from handlers.ground.errors import ClientError
-from handlers.request_slot import RequestSlot
 from tests.images import encode, textured_rgb
 from tests.recording_metrics import RecordingMetrics
 

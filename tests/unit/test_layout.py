@@ -50,21 +50,27 @@ def test_each_handlers_subpackage_lists_its_own_modules():
 
 
 # --- one-way layers inside handlers/ ---------------------------------------------------------------
-# Lowest first: a module of one of these folders imports from its own folder or a lower one only.
-LAYERS = ("ground", "request", "task", "model")
+# Lowest first: a module of one of these folders imports from its own folder or a lower level
+# only. The stages' folders share the highest level, and none imports another.
+LEVELS = (("ground",), ("request",), ("task",), ("model",), ("batch",), ("cache", "drift", "shadow"))
+LAYERS = tuple(folder for level in LEVELS for folder in level)
+
+
+def level_of(folder: str) -> int:
+    return next(index for index, level in enumerate(LEVELS) if folder in level)
 
 
 def layer_of(module: str) -> str | None:
-    """The layer a `handlers.<folder>...` module belongs to; None for anything else of handlers/
-    (the top level, the stages' folders), which every layer lies below."""
+    """The folder a `handlers.<folder>...` module belongs to; None for the top level of
+    handlers/, which every folder lies below."""
     parts = module.split(".")
     return parts[1] if len(parts) > 2 and parts[1] in LAYERS else None
 
 
 def upward_imports(module: str, source: str) -> list[str]:
-    """The imports of handlers/ in `source` (the text of `module`) that leave its layer for a
-    higher one or for a part of handlers/ above every layer."""
-    own = LAYERS.index(layer_of(module) or "")
+    """The imports of handlers/ in `source` (the text of `module`) that leave its folder for a
+    higher level, another folder of its level, or the top level of handlers/."""
+    own = layer_of(module) or ""
     found = []
     for node in ast.walk(ast.parse(source)):
         names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
@@ -76,7 +82,7 @@ def upward_imports(module: str, source: str) -> list[str]:
             if target is None and isinstance(node, ast.ImportFrom) and name in (
                     f"handlers.{layer}" for layer in LAYERS):   # `from handlers.model import x`
                 target = name.split(".")[1]
-            if target is None or LAYERS.index(target) > own:
+            if target is None or (target != own and level_of(target) >= level_of(own)):
                 found.append(f"{module} imports {name}")
     return found
 
@@ -94,8 +100,11 @@ def test_the_handlers_layers_import_downward_only():
     ("handlers.request.decode", "from handlers.model.settings import ClassifierSettings\n"),
     ("handlers.task.cascade", "from handlers.model.pipeline_settings import CascadeSettings\n"),
     ("handlers.ground.limits", "import handlers.task.detection\n"),
-    ("handlers.model.settings", "from handlers.request_slot import RequestSlot\n"),
+    ("handlers.model.settings", "from handlers.batch.request_slot import RequestSlot\n"),
     ("handlers.request.decode", "from handlers.cache.cache_stage import CacheStage\n"),
+    ("handlers.batch.request_slot", "from handlers.drift.drift_stage import DriftStage\n"),
+    ("handlers.drift.drift_stage", "from handlers.shadow.shadow_metrics import emit_shadow_dropped\n"),
+    ("handlers.cache.cache_stage", "from handlers.serving import BatchedImageHandler\n"),
 ])
 def test_an_upward_import_is_found(module, source):
     assert upward_imports(module, source) != []
@@ -106,3 +115,7 @@ def test_a_downward_import_is_not_an_upward_one():
                           "from handlers.ground.limits import ImageLimits\n"
                           "from handlers.task.detection import DetectorInput\n"
                           "from handlers.model import model_loading\nimport torch\n") == []
+    assert upward_imports("handlers.drift.drift_stage",
+                          "from handlers.batch.request_slot import RequestSlot\n"
+                          "from handlers.drift.drift_metrics import emit_drift_reference\n"
+                          "from handlers.request.image_header import read_header\n") == []

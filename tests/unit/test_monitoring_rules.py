@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from handlers.batch_metrics import drift_dimensions
+from handlers.drift.drift_metrics import drift_dimensions
 from tests.deployment_files import DEPLOY, REPO, closed_schema, rendered, resource
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"   # Debian's prometheus package

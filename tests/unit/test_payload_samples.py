@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from handlers.batch.request_slot import RequestSlot
 from handlers.drift.payload_samples import (
     PayloadSample,
     PayloadSampler,
@@ -22,7 +23,6 @@ from handlers.drift.payload_samples import (
 from handlers.ground.decoded_requests import DecodedImage, ParsedRequest
 from handlers.ground.errors import ClientError
 from handlers.ground.limits import SettingsError
-from handlers.request_slot import RequestSlot
 from tests.images import encode, textured_rgb
 from tests.recording_metrics import RecordingMetrics
 

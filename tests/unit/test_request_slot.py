@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
+from handlers.batch.request_slot import RequestSlot
 from handlers.continuous_serving import ContinuousServing
 from handlers.ground.decoded_requests import DecodedImage, ParsedRequest
 from handlers.ground.errors import ClientError
 from handlers.model.settings import ContinuousBatching
-from handlers.request_slot import RequestSlot
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.shadow.answer_comparison import AnswerComparison
 from torchserve_vision.local_handler import LocalContext

@@ -226,7 +226,7 @@ def test_near_duplicate_mode_answers_a_reencoded_photo_from_the_cache(cached_cla
 
 
 def test_an_answer_is_serialised_once_and_a_hit_is_sent_as_stored(cached_classifier, monkeypatch):
-    from handlers import request_slot
+    from handlers.batch import request_slot
 
     handler, _ = cached_classifier
     image = bytearray(photo_bytes("coffee.png"))

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from handlers import torchserve_context
+from handlers.batch.batch_record import BatchRecord
 from handlers.batch_metrics import emit_batch_metrics
-from handlers.batch_record import BatchRecord
 from handlers.image_classifier import ImageClassifierHandler
 from tests.answers import assert_same_answer
 from tests.archives import archive_context, process_threads_kept

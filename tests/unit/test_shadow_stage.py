@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from handlers.batch.request_slot import RequestSlot
 from handlers.ground.decoded_requests import ParsedRequest
 from handlers.request.inference_protocol import V2Request
-from handlers.request_slot import RequestSlot
 from handlers.shadow.answer_comparison import compare_classifications
 from handlers.shadow.shadow_policy import (
     PolicyFile,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from handlers.batch_record import BatchRecord
-from handlers.request_slot import RequestSlot
+from handlers.batch.batch_record import BatchRecord
+from handlers.batch.request_slot import RequestSlot
 
 
 class BatchStage:

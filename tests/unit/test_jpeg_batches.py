@@ -196,14 +196,6 @@ def test_out_of_device_memory_a_run_is_decoded_in_halves_and_a_single_image_is_a
         decode_images(images[:1], LIMITS, CPU)
 
 
-def test_the_decoder_warm_up_decodes_a_batch_through_the_batched_call(monkeypatch):
-    calls: list[int] = []
-    real_call = jpeg_batches._decode_call
-
-    def counted(encoded, device):
-        calls.append(len(encoded))
-        return real_call(encoded, device)
-
-    monkeypatch.setattr(jpeg_batches, "_decode_call", counted)
+def test_the_decoder_warm_up_decodes_a_batch_through_the_batched_call(decode_calls):
     warm_up_decoder(LIMITS, CPU)
-    assert calls == [2]
+    assert decode_calls == [2]

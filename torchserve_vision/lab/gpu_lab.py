@@ -353,18 +353,19 @@ def run_gpu_lab(settings: GpuLabSettings,
             client, log = instance.client(timeout_s=60), instance.log_dir / "model_log.log"
             record["server_start_to_ready_s"] = ready_s
             record["served"] = {}
-            if "echo" in wanted:
-                step("echo", lambda: echo_ceiling(client, store, jpegs, work, settings,
-                                                  classifier.serving.min_workers))
-            if "classifier" in wanted:
-                step("classifier", lambda: record["served"].setdefault(
-                    CLASSIFIER, served(client, CLASSIFIER, jpegs, work, settings, log)))
-            if "builtin" in wanted:
-                step("builtin", lambda: builtin_sweep(client, store, jpegs, work, settings,
-                                                      classifier.serving.batch_size))
-            if "detector" in wanted:
-                step("detector", lambda: record["served"].setdefault(
-                    DETECTOR, served(client, DETECTOR, jpegs, work, settings, log)))
+            on_this_server: dict[str, Callable[[], Any]] = {
+                "echo": lambda: echo_ceiling(client, store, jpegs, work, settings,
+                                             classifier.serving.min_workers),
+                "classifier": lambda: record["served"].setdefault(
+                    CLASSIFIER, served(client, CLASSIFIER, jpegs, work, settings, log)),
+                "builtin": lambda: builtin_sweep(client, store, jpegs, work, settings,
+                                                 classifier.serving.batch_size),
+                "detector": lambda: record["served"].setdefault(
+                    DETECTOR, served(client, DETECTOR, jpegs, work, settings, log)),
+            }
+            for name, measure in on_this_server.items():
+                if name in wanted:
+                    step(name, measure)
         for name in ("classifier", "detector"):
             record.pop(name, None)               # kept under "served"
     if wanted >= set(STEPS):

@@ -30,6 +30,19 @@ if TYPE_CHECKING:
 HEAVY_FIXTURES = {"model_store", "classifier"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker, torch computes on the cores' share of that worker (scripts/test.sh
+    runs as many workers as a 2-core machine has cores: one thread each). Each worker's torch
+    otherwise takes every core, and two workers spinning two OpenMP threads each on two cores
+    waste what they spin (the detector equivalences took 6.5 s alone and up to 38 s beside the
+    store build). A test that wants more threads sets them; servers' workers set their own."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--gpu", action="store_true",
                      help="run the tests marked gpu (a CUDA device is needed; without --gpu they "
@@ -107,9 +120,14 @@ def session_description(name: str) -> ModelDescription:
 
 
 def build_described(name: str, store: Path) -> Path:
-    """Build the archive of `name` into `store` (in a process of its own)."""
+    """Build the archive of `name` into `store` (in a process of its own, one of two side by side:
+    torch on one thread each)."""
+    import torch
+
     from tests.archives import TEST_REFERENCE_REQUESTS
     from torchserve_vision.archives.build import build_archive
+
+    torch.set_num_threads(1)
 
     return build_archive(session_description(name), store, reference_requests=TEST_REFERENCE_REQUESTS)
 
@@ -125,6 +143,7 @@ def build_foreign_packages(directory: Path) -> Path:
     from torchserve_vision.archives.compile_ahead import CompileRequest, compile_package
     from torchserve_vision.archives.engine_exports import export_onnx
 
+    torch.set_num_threads(1)        # beside the other builds of the pool
     torch.manual_seed(0)
     network = nn.Sequential(nn.Conv2d(3, 16, 3, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                             nn.Flatten(), nn.Linear(16, 1000)).eval()

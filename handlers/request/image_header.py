@@ -43,8 +43,10 @@ HUFFMAN_DCT_FRAMES = frozenset({0xC0, 0xC1, 0xC2})
 # SOF, an SOI, a code T.81 does not define) is one libjpeg refuses or reads its own way.
 BETWEEN_SCANS = frozenset({SOS, 0xC4, 0xDB, 0xDD, 0xDC, 0xFE, *range(0xE0, 0xF0)})
 EOI_CODE = 0xD9
-# After 0xFF in entropy-coded data: a stuffed 0x00, a fill byte, or a restart marker (or TEM).
-ENTROPY_CODED = np.array([0x00, 0xFF, *STANDALONE], dtype=np.uint8)
+# After 0xFF in entropy-coded data: a stuffed 0x00, a fill byte, or a restart marker (or TEM);
+# MARKS[byte] is True for any other byte, i.e. where 0xFF and that byte make a marker.
+MARKS = np.ones(256, dtype=bool)
+MARKS[[0x00, 0xFF, *STANDALONE]] = False
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def walk_scans(data: bytes, start: int) -> tuple[bool, bool]:
     stepped over by their lengths; the 0xFF bytes of entropy-coded data are found at once."""
     body = np.frombuffer(data, dtype=np.uint8)
     after_ff = np.flatnonzero(body[start:-1] == 0xFF) + start + 1
-    markers = after_ff[~np.isin(body[after_ff], ENTROPY_CODED)] - 1
+    markers = after_ff[MARKS[body[after_ff]]] - 1
     resume = start
     for position in markers.tolist():
         if position < resume:                   # inside a segment already stepped over

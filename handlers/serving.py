@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -91,6 +91,20 @@ class HasImageLimits(Protocol):
 Settings = TypeVar("Settings", bound=HasImageLimits)
 
 
+def run_stages(stages: Sequence[BatchStage], record: BatchRecord, hook: str,
+               call: Callable[[BatchStage], None]) -> None:
+    """`call` (one hook, named `hook`) on every stage in turn. A stage that raises never fails a
+    request: it is logged and counted in `record` (`Handler<name>StageFailures`), and the batch
+    goes on."""
+    for stage in stages:
+        try:
+            call(stage)
+        except Exception:   # see the docstring
+            logger.exception("the %s stage failed at %s; the batch goes on without it", stage.name, hook)
+            failures = f"{stage.name}StageFailures"
+            record.counters[failures] = record.counters.get(failures, 0) + 1
+
+
 class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Settings]):
     """Template for a batched handler; see the module docstring for the stages and hooks. Items
     of a batch are `DecodedImage[Options]`."""
@@ -110,10 +124,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         self.log_batches = True
         self.batching: dict[str, Any] = {}     # how batches are gathered (batching_account)
         self.jpeg_draft_size: int | None = None   # set by `load` where JPEG draft decoding is on
-        # When this worker last answered a batch, and how long it then waited for the next
-        # (BatchRecord.waited_ms).
+        # When this worker last answered a batch (the next batch's BatchRecord.waited_ms).
         self.last_batch_answered: float | None = None
-        self.waited_ms: float | None = None
         # What serves each network with compiled packages ("classifier", or a pipeline's stage
         # roles), set by `load`: a package, or eager and why.
         self.runners: dict[str, RunnerChoice] = {}
@@ -248,30 +260,30 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         """One batch through every stage; one body per slot, in order."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)     # per thread: the batcher has its own
-        started = time.perf_counter()
-        if self.last_batch_answered is not None:
-            self.waited_ms = (started - self.last_batch_answered) * 1000
+        waited_ms = (None if self.last_batch_answered is None
+                     else (time.perf_counter() - self.last_batch_answered) * 1000)
         try:
             with host_batches().batch(solo_eligible(len(slots), self.max_batch_size)):
-                return self.run_batch(slots)
+                return self.run_batch(slots, waited_ms)
         finally:
             self.last_batch_answered = time.perf_counter()
 
-    def run_batch(self, slots: Sequence[RequestSlot]) -> list[bytes]:
+    def run_batch(self, slots: Sequence[RequestSlot], waited_ms: float | None = None) -> list[bytes]:
         """`run_slots` inside the host's batch registration (handlers.model.host_batches: an
-        engine with `solo_threads` takes them for a batch that began alone on the host)."""
+        engine with `solo_threads` takes them for a batch that began alone on the host);
+        `waited_ms`: how long the worker waited for this batch since its previous answers."""
         record = BatchRecord(self.model_name, self.model_version, size=len(slots), runner=self.runner,
-                             waited_ms=self.waited_ms)
+                             waited_ms=waited_ms)
         protocol = ProtocolStage(self.model_name, self.model_version, self.v2_outputs)
         with record.timing("decode"):
             for slot in slots:
                 protocol.read(slot)
                 self.parse(slot)
         stages = self.stages
-        self.run_stages(stages, "parsed", slots, record)
+        run_stages(stages, record, "parsed", lambda stage: stage.parsed(slots, record))
         with record.timing("decode"):
             self.decode_open(slots)
-        self.run_stages(stages, "decoded", slots, record)
+        run_stages(stages, record, "decoded", lambda stage: stage.decoded(slots, record))
         computed = open_slots(slots)
         if computed:
             answers = iter(self.answer_in_chunks(
@@ -279,7 +291,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
             for slot in computed:
                 own = list(islice(answers, len(slot.decoded)))
                 slot.answer_with(own if slot.several else own[0])
-        self.run_stages(stages, "answered", slots, computed, record, slots[0].context.metrics)
+        metrics = slots[0].context.metrics
+        run_stages(stages, record, "answered",
+                   lambda stage: stage.answered(slots, computed, record, metrics))
         self.finish_record(record, slots)
         return [self.respond(slot, len(slots), protocol) for slot in slots]
 
@@ -326,20 +340,6 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         list a new stage joins."""
         return [stage for stage in (self.cache, self.drift, self.payload_samples, self.shadow)
                 if stage is not None]
-
-    @staticmethod
-    def run_stages(stages: Sequence[BatchStage], hook: str, *arguments: Any) -> None:
-        """`hook` of every stage in turn. A stage that raises never fails a request: it is logged
-        and counted (`Handler<name>StageFailures`), and the batch goes on."""
-        record = next(argument for argument in arguments if isinstance(argument, BatchRecord))
-        for stage in stages:
-            try:
-                getattr(stage, hook)(*arguments)
-            except Exception:   # see the docstring
-                logger.exception("the %s stage failed at %s; the batch goes on without it",
-                                 stage.name, hook)
-                failures = f"{stage.name}StageFailures"
-                record.counters[failures] = record.counters.get(failures, 0) + 1
 
     def finish_record(self, record: BatchRecord, slots: Sequence[RequestSlot]) -> None:
         record.answered = sum(slot.error is None for slot in slots)

@@ -327,9 +327,13 @@ def run_gpu_lab(settings: GpuLabSettings,
         key: str(value) if isinstance(value, Path) else value
         for key, value in dataclasses.asdict(settings).items()}}
 
-    def step(name: str, measure: Callable[[], Any]) -> None:
+    def step(name: str, measure: Callable[[], Any], into: dict[str, Any] = record,
+             key: str | None = None) -> None:
+        """`measure` into `into[key or name]` when the run asks for `name`."""
+        if name not in wanted:
+            return
         try:
-            record[name] = measure()
+            into[key or name] = measure()
         except Exception as error:   # noqa: BLE001 - recorded, and the lab exits non-zero
             record.setdefault("failed", {})[name] = f"{type(error).__name__}: {error}"
             say(f"{name} FAILED: {type(error).__name__}: {error}")
@@ -340,35 +344,25 @@ def run_gpu_lab(settings: GpuLabSettings,
     wanted = set(settings.steps)
     build_models([d for d in descriptions if d.start or (d.name == ANSWERS_MODEL and "answers" in wanted)],
                  store)
-    if "answers" in wanted:
-        step("answers", lambda: answer_check(store, work, device, settings.precisions))
-    if "in_process" in wanted:
-        step("in_process", lambda: in_process(store, work, jpegs, device, settings))
-    if "load_generator" in wanted:
-        step("load_generator", lambda: load_generator_ceiling(jpegs, work, settings))
-    on_server = wanted & {"echo", "classifier", "builtin", "detector"}
-    if on_server:
+    step("answers", lambda: answer_check(store, work, device, settings.precisions))
+    step("in_process", lambda: in_process(store, work, jpegs, device, settings))
+    step("load_generator", lambda: load_generator_ceiling(jpegs, work, settings))
+    if wanted & {"echo", "classifier", "builtin", "detector"}:
         classifier = next(d for d in descriptions if d.start and d.name == CLASSIFIER)
         with lab_server(work, store, descriptions) as (instance, ready_s):
             client, log = instance.client(timeout_s=60), instance.log_dir / "model_log.log"
             record["server_start_to_ready_s"] = ready_s
-            record["served"] = {}
-            on_this_server: dict[str, Callable[[], Any]] = {
-                "echo": lambda: echo_ceiling(client, store, jpegs, work, settings,
-                                             classifier.serving.min_workers),
-                "classifier": lambda: record["served"].setdefault(
-                    CLASSIFIER, served(client, CLASSIFIER, jpegs, work, settings, log)),
-                "builtin": lambda: builtin_sweep(client, store, jpegs, work, settings,
-                                                 classifier.serving.batch_size),
-                "detector": lambda: record["served"].setdefault(
-                    DETECTOR, served(client, DETECTOR, jpegs, work, settings, log)),
-            }
-            for name, measure in on_this_server.items():
-                if name in wanted:
-                    step(name, measure)
-        for name in ("classifier", "detector"):
-            record.pop(name, None)               # kept under "served"
+            served_by_model = record["served"] = {}
+            step("echo", lambda: echo_ceiling(client, store, jpegs, work, settings,
+                                              classifier.serving.min_workers))
+            step("classifier", lambda: served(client, CLASSIFIER, jpegs, work, settings, log),
+                 served_by_model, CLASSIFIER)
+            step("builtin", lambda: builtin_sweep(client, store, jpegs, work, settings,
+                                                  classifier.serving.batch_size))
+            step("detector", lambda: served(client, DETECTOR, jpegs, work, settings, log),
+                 served_by_model, DETECTOR)
     if wanted >= set(STEPS):
+        wanted.add("ratios")
         step("ratios", lambda: ratios(record, settings.loads))
     return record
 

@@ -41,6 +41,15 @@ IN_BATCH_METRIC = "ts_requests_in_batch"   # the frontend agent's (ContinuousBat
 MUTATING_METHODS = ("POST", "PUT", "DELETE")
 
 
+STALLING_DESCRIBE = (
+    "not asked: {model} {version} asks for queued batching and this TorchServe runs without the "
+    "frontend agent, so TorchServe's own ContinuousBatching serves it, and on TorchServe 0.12 a "
+    "customized describe (?customized=true) is answered by its workers over and over and the "
+    "version never takes another request. Start the server with `torchserve-vision server "
+    "start`, or add the agent to config.properties' vmargs (README, \"Starting TorchServe by "
+    "hand\")")
+
+
 class ManagementError(CommandError, RuntimeError):
     """A call failed: the HTTP status (0 when the server could not be reached) and its message."""
 
@@ -169,9 +178,30 @@ class TorchServeClient:
         """One version, "all" versions, or (version None) the default version of `model`. With
         `customized` (one version), one of its workers adds `customizedMetadata`: our handlers
         report their device, precision and the runner of each network (compiled package or
-        eager, and why); the request waits in the model's queue like an inference."""
+        eager, and why); the request waits in the model's queue like an inference.
+
+        A customized describe is refused (ManagementError, status 0, nothing sent to the
+        workers) for a version that TorchServe's own ContinuousBatching serves, i.e. one asking for
+        queued batching on a frontend without this project's agent (`batched_by_agent` False):
+        TorchServe 0.12's Model.pollInferJob keeps a describe job both in the worker's batch and
+        at the head of the model's queue, so the workers answer it over and over and never take
+        another request of that version again (docs/configuration.md, "Without the agent")."""
         path = f"/models/{model}" + (f"/{version}" if version else "")
+        if customized:
+            plain = self.call("GET", path)
+            served = str(plain[0]["modelVersion"]) if plain else ""
+            if plain and plain[0].get("continuousBatching") and self.batched_by_agent(model, served) is False:
+                raise ManagementError(0, STALLING_DESCRIBE.format(model=model, version=served),
+                                      f"GET {path}?customized=true")
         return list(self.call("GET", path, {"customized": "true"} if customized else None))
+
+    def batched_by_agent(self, model: str, version: str) -> bool | None:
+        """Whether this project's frontend agent gathers `model` `version`'s batches: True when
+        the agent's ts_requests_in_batch series for it is on the metrics endpoint (every version
+        served with queued batching has it from its first worker on), False when the endpoint
+        answers without it, None when it cannot be read (no metrics address, no answer)."""
+        counts = self.requests_in_batch()
+        return None if counts is None else (model, version) in counts
 
     def register(self, archive: str, batch_size: int, max_batch_delay_ms: int, initial_workers: int,
                  response_timeout_s: int, startup_timeout_s: int | None = None) -> Any:

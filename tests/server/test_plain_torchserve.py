@@ -2,7 +2,8 @@
 own `torchserve --start` with the model store and the shipped config, no frontend agent. The
 queued model is served with TorchServe's own batching at the 1 ms delay the config gives it (not
 the 100 ms TorchServe 0.12 reads for a delay of 0), and its workers say that the agent is missing:
-a warning in the worker log at start, and in `models describe --handler`."""
+a warning in the worker log at start, and in `models describe`; a customized describe, which
+TorchServe's own ContinuousBatching would answer forever, is refused."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import requests
 from tests.images import CAT_LABELS, photo_bytes
 from tests.server.logs import log_lines
 from torchserve_vision import paths
+from torchserve_vision.cli import main as command
+from torchserve_vision.client import ManagementError
 from torchserve_vision.model_descriptions import QUEUED_FALLBACK_DELAY_MS
 from torchserve_vision.server_process import (
     TorchServeInstance,
@@ -64,13 +67,34 @@ def test_without_the_agent_the_model_is_served_with_the_configured_delay(plain_s
     assert reply.status_code == 200 and reply.json()[0]["label"] in CAT_LABELS
 
 
-def test_each_worker_says_the_agent_is_missing_in_its_log_and_describe(plain_server):
+def test_each_worker_says_the_agent_is_missing_in_its_log_and_describe(plain_server, capsys):
+    """The workers' warning at start; `models describe` reads from the frontend (the agent's
+    series is not on its metrics endpoint) that TorchServe's own ContinuousBatching serves the
+    version; a customized describe, which TorchServe 0.12 would answer forever in place of every
+    later request of the version, is refused without reaching the workers, and the version goes
+    on answering. (The worker's own account of its batching and of its frontend: tests/unit/
+    test_serving.py; asking it here is what the refusal prevents.)"""
     warnings = [line for line in log_lines(plain_server.log_dir / "model_log.log")
                 if "runs without the frontend agent" in line]
     assert len(warnings) == 2          # one per worker, at start
-    described = plain_server.client().describe(MODEL, "1.0", customized=True)[0]
-    batching = described["customizedMetadata"]["batching"]
-    assert batching["asked"] == "queued" and batching["frontend_agent"] is False
-    assert described["customizedMetadata"]["frontend"]["pid"] == frontend_pid(plain_server)
+    client = plain_server.client()
+    assert client.batched_by_agent(MODEL, "1.0") is False
+    capsys.readouterr()
+    assert command(["models", "describe", MODEL, "--version", "1.0", "--management-url",
+                    plain_server.management_url, "--metrics-url", plain_server.metrics_url]) == 0
+    said = capsys.readouterr().out
+    assert ("queued batching asked, but the frontend runs without the agent: TorchServe's "
+            f"ContinuousBatching, max batch delay {QUEUED_FALLBACK_DELAY_MS} ms") in said
+    with pytest.raises(ManagementError, match="without the frontend agent"):
+        client.describe(MODEL, "1.0", customized=True)
+    assert command(["models", "describe", MODEL, "--version", "1.0", "--handler", "--management-url",
+                    plain_server.management_url, "--metrics-url", plain_server.metrics_url]) == 1
+    assert "never takes another request" in capsys.readouterr().err
+    described = client.describe(MODEL, "1.0")[0]
+    assert described["jobQueueStatus"]["pendingRequests"] == 0     # no describe job left queued
+    reply = requests.post(f"{plain_server.inference_url}/predictions/{MODEL}",
+                          data=photo_bytes("chelsea.png"),
+                          headers={"Content-Type": "application/octet-stream"}, timeout=60)
+    assert reply.status_code == 200 and reply.json()[0]["label"] in CAT_LABELS
     for worker in described["workers"]:        # each started by the frontend itself
         assert psutil.Process(int(worker["pid"])).parent().pid == frontend_pid(plain_server)

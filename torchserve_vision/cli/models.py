@@ -75,7 +75,8 @@ failed (and was undone), 2 bad arguments, 130 interrupted (and undone).
 def command_list(client: TorchServeClient, args: argparse.Namespace) -> None:
     models = client.list_models()
     described = [v for m in models for v in client.describe(m["modelName"], "all")]
-    lines = [line for d in described for line in describe_lines(d)] or ["no models registered"]
+    in_batch = client.requests_in_batch()
+    lines = [line for d in described for line in describe_lines(d, in_batch)] or ["no models registered"]
     journal = Journal(args.history)
     half_done = [half_done_text(entry) for entry in
                  filter(None, (journal.pending(m["modelName"]) for m in models))]
@@ -87,7 +88,8 @@ def command_describe(client: TorchServeClient, args: argparse.Namespace) -> None
         raise RolloutError("--handler asks one version's worker: give --version (or 'default')")
     version = None if args.version == "default" else args.version
     described = client.describe(args.model, version, customized=args.handler)
-    show(described, args.json, [line for d in described for line in describe_lines(d)])
+    in_batch = client.requests_in_batch()
+    show(described, args.json, [line for d in described for line in describe_lines(d, in_batch)])
 
 
 def command_register(client: TorchServeClient, args: argparse.Namespace) -> None:

@@ -32,7 +32,13 @@ from torchserve_vision.shadow import traffic_dir_of
 
 
 # --- output -------------------------------------------------------------------------------------
-def batching_text(description: dict[str, Any]) -> str:
+def batching_text(description: dict[str, Any], by_agent: bool | None = None) -> str:
+    """The version's batching; `by_agent` False (TorchServeClient.batched_by_agent): it asks for
+    queued batching on a frontend without the agent, whose own ContinuousBatching waits up to
+    the max batch delay for company."""
+    if description.get("continuousBatching") and by_agent is False:
+        return (f"queued batching asked, but the frontend runs without the agent: TorchServe's "
+                f"ContinuousBatching, max batch delay {description['maxBatchDelay']} ms")
     if description.get("continuousBatching"):
         deadline_ms = description.get("clientTimeoutInMills") or 0
         deadline = f", deadline {deadline_ms} ms" if deadline_ms else ", no deadline"
@@ -40,10 +46,15 @@ def batching_text(description: dict[str, Any]) -> str:
     return f"max batch delay {description['maxBatchDelay']} ms"
 
 
-def describe_lines(description: dict[str, Any]) -> list[str]:
+def describe_lines(description: dict[str, Any], in_batch: dict[tuple[str, str], int] | None = None
+                   ) -> list[str]:
+    """`description` as text; `in_batch`: TorchServeClient.requests_in_batch() (None: unknown),
+    which says whether the agent batches the version."""
     queue = description.get("jobQueueStatus", {})
+    key = (str(description["modelName"]), str(description["modelVersion"]))
+    by_agent = None if in_batch is None else key in in_batch
     lines = [f"{description['modelName']} {description['modelVersion']}  ({description['modelUrl']})",
-             f"  batch size {description['batchSize']}, {batching_text(description)},"
+             f"  batch size {description['batchSize']}, {batching_text(description, by_agent)},"
              f" workers min {description['minWorkers']} / max {description['maxWorkers']},"
              f" response timeout {description['responseTimeout']} s",
              f"  queue: {queue.get('pendingRequests', '?')} pending,"

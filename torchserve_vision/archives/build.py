@@ -44,7 +44,11 @@ from handlers.model.settings import (
 )
 from handlers.model.ssd_engine import NotAnSsdDetector, ssd_input_size_hw
 from torchserve_vision.archives import ARCHIVER, BuildTarget
-from torchserve_vision.archives.compile_ahead import CompileRequest, compile_packages
+from torchserve_vision.archives.compile_ahead import (
+    CompileRequest,
+    compile_packages,
+    without_inplace_activations,
+)
 from torchserve_vision.archives.drift_reference import (
     FEATURES_OF_TASK,
     REFERENCE_REQUESTS,
@@ -248,7 +252,8 @@ def compiled_models(description: ModelDescription, request: CompileRequest | Non
     engines not built. The int8 gate's verdict is logged (torchserve_vision.archives)."""
     if request is None:
         return CompiledModels()
-    model = load_model(model_source(description, num_classes), weights, torch.device("cpu"))
+    model = without_inplace_activations(load_model(model_source(description, num_classes), weights,
+                                                   torch.device("cpu")))
     detector = description.kind.network == "detector"
     try:
         if detector:

@@ -54,6 +54,18 @@ class AutocastForward(nn.Module):
             return self.model(batch)
 
 
+def without_inplace_activations(model: nn.Module) -> nn.Module:
+    """`model` with every in-place activation (ReLU6, ReLU, Hardswish, ... built with
+    `inplace=True`) made out-of-place, for export: the answers are the same, and the in-place
+    ops' decompositions under a dynamic batch are what tracing spends most on (EfficientNet-Lite0's
+    AOTInductor packages, fp32 and bf16, in 37.6 s instead of 44.2 on one AMX Xeon core;
+    docs/benchmarks.md, "Building the archives: in-place activations made out-of-place")."""
+    for module in model.modules():
+        if getattr(module, "inplace", None) is True:
+            setattr(module, "inplace", False)  # noqa: B010 - an attribute of some module types only
+    return model
+
+
 def cpu_precisions(precision: str) -> list[str]:
     """The precisions a CPU worker may run for an asked precision (model_loading.effective_precision):
     fp32 everywhere, bf16 where the CPU has it natively."""

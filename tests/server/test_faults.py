@@ -42,10 +42,13 @@ def test_overload_is_shed_with_503_and_the_server_recovers(fault_server):
     run_closed_loop(target, clients=16, duration_s=1.5, max_requests=10_000)  # warm up
     capacity = run_closed_loop(target, clients=16, duration_s=4, max_requests=10_000).throughput_rps
     assert capacity > 1
-    overload = run_open_loop(target, rate_rps=3 * capacity, duration_s=8, max_requests=100_000, seed=1)
+    # Six times what was served: on a machine whose other work (another test process) took
+    # cores while `capacity` was measured and left them during the overload, the server may
+    # serve over twice as much then (seen: 16 % shed at three times), still far from six.
+    overload = run_open_loop(target, rate_rps=6 * capacity, duration_s=8, max_requests=100_000, seed=1)
     shed = overload.errors.get("503", 0)
     assert set(overload.errors) <= {"503"}, overload.errors          # no connection errors, no 500s
-    assert shed > 0.2 * overload.sent, overload.table()              # about 2/3 cannot be served
+    assert shed > 0.2 * overload.sent, overload.table()              # about 5/6 cannot be served
     assert overload.succeeded > 0, overload.table()                   # and the rest is served
     # The queue empties once the offered load stops; then every request is served again.
     wait_until(lambda: queued_requests(fault_server.client()) == 0, 60, "an empty job queue")

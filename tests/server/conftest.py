@@ -7,15 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.servers import started_server, wait_for_stopping_servers
+from tests.server.servers import started_server
 from torchserve_vision.server_process import TorchServeInstance
-
-
-@pytest.fixture(scope="session", autouse=True)
-def stopping_servers_awaited() -> Iterator[None]:
-    """The servers the modules stopped have exited by the end of the session."""
-    yield
-    wait_for_stopping_servers()
 
 
 @pytest.fixture(scope="session")

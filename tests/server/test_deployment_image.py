@@ -21,8 +21,10 @@ import yaml
 
 from tests.deployment_files import REPO, Dockerfile
 from tests.images import CAT_LABELS, photo_bytes
+from torchserve_vision import paths
 from torchserve_vision.client import KeyFile
 from torchserve_vision.deployment_settings import local_url
+from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.prometheus_text import series_names
 from torchserve_vision.torchserve_config import free_ports, read_properties, server_config
 from torchserve_vision.waiting import wait_until
@@ -56,7 +58,11 @@ def test_the_image_command_serves_exposes_the_autoscaling_series_and_stops_clean
     base.chmod(0o755)
     workdir = base / "srv"
     shutil.copytree(REPO / "config", workdir / "config")
-    shutil.copytree(model_store, workdir / "model_store")
+    # What the image's `torchserve-vision build` puts there: the archives of config/models.yaml
+    # (not the versions other tests add to the session's store, which may be mid-write).
+    (workdir / "model_store").mkdir()
+    for description in load_descriptions(paths.MODEL_DESCRIPTIONS):
+        shutil.copy2(model_store / description.archive_name, workdir / "model_store")
     for directory in (workdir, workdir / "config", workdir / "model_store"):
         directory.chmod(0o755)
     moved = server_config(tmp_path / "ports", Path("model_store"), REPO / config_argument)

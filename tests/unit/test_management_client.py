@@ -163,3 +163,45 @@ def test_requests_in_batch_are_read_per_version_from_the_metrics_address():
     assert TorchServeClient(metrics_url=f"http://127.0.0.1:{closed_port()}",
                             timeout_s=2).requests_in_batch() is None
     assert TorchServeClient().requests_in_batch() is None
+
+
+class DescribingClient(TorchServeClient):
+    """A client whose management API describes one version (`continuousBatching` as given) and
+    whose metrics address reads `in_batch` (None: unreadable); it records the calls."""
+
+    def __init__(self, continuous: bool, in_batch: dict[tuple[str, str], int] | None) -> None:
+        super().__init__()
+        self.continuous, self.in_batch = continuous, in_batch
+        self.calls: list[tuple[str, str, dict | None]] = []
+
+    def call(self, method: str, path: str, params: dict | None = None, kind: str = "management",
+             **kwargs: object) -> list[dict[str, object]]:
+        self.calls.append((method, path, params))
+        described: dict[str, object] = {"modelName": "m", "modelVersion": "1.0",
+                                        "continuousBatching": self.continuous}
+        if params == {"customized": "true"}:
+            described["customizedMetadata"] = {"device": "cpu"}
+        return [described]
+
+    def requests_in_batch(self) -> dict[tuple[str, str], int] | None:
+        return self.in_batch
+
+
+@pytest.mark.parametrize(("continuous", "in_batch", "asked"), [
+    (True, {("m", "2.0"): 0}, False),        # queued, and the agent's series lacks this version
+    (True, {("m", "1.0"): 0}, True),         # queued, gathered by the agent
+    (True, None, True),                      # the metrics cannot be read: asked as before
+    (False, {}, True),                       # TorchServe's own batch aggregator takes describe
+])
+def test_a_customized_describe_is_sent_only_where_torchserve_would_not_repeat_it_forever(
+        continuous, in_batch, asked):
+    client = DescribingClient(continuous, in_batch)
+    if asked:
+        assert client.describe("m", "1.0", customized=True)[0]["customizedMetadata"] == {"device": "cpu"}
+    else:
+        with pytest.raises(ManagementError, match="without the frontend agent") as refused:
+            client.describe("m", "1.0", customized=True)
+        assert refused.value.status == 0
+    customized = [call for call in client.calls if call[2] == {"customized": "true"}]
+    assert len(customized) == (1 if asked else 0)
+    assert client.batched_by_agent("m", "1.0") is (None if in_batch is None else ("m", "1.0") in in_batch)

@@ -50,6 +50,12 @@ STALLING_DESCRIBE = (
     "hand\")")
 
 
+def gathered_by_agent(in_batch: dict[tuple[str, str], int] | None, model: str, version: str) -> bool | None:
+    """Whether the agent gathers `model` `version`'s batches, from what
+    TorchServeClient.requests_in_batch read (None: it could not be read, so unknown)."""
+    return None if in_batch is None else (model, version) in in_batch
+
+
 class ManagementError(CommandError, RuntimeError):
     """A call failed: the HTTP status (0 when the server could not be reached) and its message."""
 
@@ -185,7 +191,7 @@ class TorchServeClient:
         queued batching on a frontend without this project's agent (`batched_by_agent` False):
         TorchServe 0.12's Model.pollInferJob keeps a describe job both in the worker's batch and
         at the head of the model's queue, so the workers answer it over and over and never take
-        another request of that version again (docs/configuration.md, "Without the agent")."""
+        another request of that version again (docs/configuration.md, "Batching")."""
         path = f"/models/{model}" + (f"/{version}" if version else "")
         if customized:
             plain = self.call("GET", path)
@@ -200,8 +206,7 @@ class TorchServeClient:
         the agent's ts_requests_in_batch series for it is on the metrics endpoint (every version
         served with queued batching has it from its first worker on), False when the endpoint
         answers without it, None when it cannot be read (no metrics address, no answer)."""
-        counts = self.requests_in_batch()
-        return None if counts is None else (model, version) in counts
+        return gathered_by_agent(self.requests_in_batch(), model, version)
 
     def register(self, archive: str, batch_size: int, max_batch_delay_ms: int, initial_workers: int,
                  response_timeout_s: int, startup_timeout_s: int | None = None) -> Any:

@@ -300,27 +300,16 @@ def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s:
 
     TorchServe's own stop closes every connection at once: requests in flight get no answer.
     With `drain_timeout_s` > 0, queued requests are answered first (see `drain`)."""
-    if not (instance.tmp_dir / ".model_server.pid").exists():
+    pid_file = instance.tmp_dir / ".model_server.pid"
+    if not pid_file.exists():
         return
     if drain_timeout_s > 0 and not drain(instance, drain_timeout_s, drain_grace_s):
         print(f"requests still queued after {drain_timeout_s:.0f} s; stopping anyway", file=sys.stderr)
-    pid = request_stop(instance, timeout_s)
-    if pid is not None:
-        wait_for_exit(pid, timeout_s)
-    wait_for_fork_servers(instance.tmp_dir, timeout_s)
-
-
-def request_stop(instance: TorchServeInstance, timeout_s: float = 60.0) -> int | None:
-    """TorchServe's own `torchserve --stop` for the instance, without waiting for the frontend
-    to exit (it closes its connections at once, then exits once its network threads have been
-    idle for about 2 s); the frontend's pid, None when none was running."""
-    pid_file = instance.tmp_dir / ".model_server.pid"
-    if not pid_file.exists():
-        return None
     pid = int(pid_file.read_text().strip() or 0)
     subprocess.run(torchserve_command(instance, ["--stop"]), cwd=instance.run_dir,
                    env=instance.environment(), capture_output=True, timeout=timeout_s, check=False)
-    return pid or None
+    wait_for_exit(pid, timeout_s)
+    wait_for_fork_servers(instance.tmp_dir, timeout_s)
 
 
 def wait_for_exit(pid: int, timeout_s: float) -> None:

@@ -19,7 +19,7 @@ from torchserve_vision.cli.common import (
     json_flag,
     model_store_flag,
 )
-from torchserve_vision.client import TorchServeClient
+from torchserve_vision.client import TorchServeClient, gathered_by_agent
 from torchserve_vision.model_descriptions import QUEUED, ServingSettings
 from torchserve_vision.model_lock import model_lock
 from torchserve_vision.photos import photo_path
@@ -51,8 +51,7 @@ def describe_lines(description: dict[str, Any], in_batch: dict[tuple[str, str], 
     """`description` as text; `in_batch`: TorchServeClient.requests_in_batch() (None: unknown),
     which says whether the agent batches the version."""
     queue = description.get("jobQueueStatus", {})
-    key = (str(description["modelName"]), str(description["modelVersion"]))
-    by_agent = None if in_batch is None else key in in_batch
+    by_agent = gathered_by_agent(in_batch, str(description["modelName"]), str(description["modelVersion"]))
     lines = [f"{description['modelName']} {description['modelVersion']}  ({description['modelUrl']})",
              f"  batch size {description['batchSize']}, {batching_text(description, by_agent)},"
              f" workers min {description['minWorkers']} / max {description['maxWorkers']},"

@@ -173,9 +173,9 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     and SSDlite with its engine models, so that every runner is checked on the CPU the tests run
     on; beside it, another model's compiled files (`foreign_packages`). Two processes build the
     single-model archives side by side, the compiled ones first (export and lowering are
-    single-threaded), then the pipelines, which copy their stages, are built. Built once per
-    run: with pytest-xdist the first worker that needs it builds it under a lock, the others
-    wait for it and share it."""
+    single-threaded), then the pipelines, which copy their stages, side by side as well. Built
+    once per run: with pytest-xdist the first worker that needs it builds it under a lock, the
+    others wait for it and share it."""
     root = shared_directory(tmp_path_factory)
     store = root / "model_store"
     with open(root / "model_store.lock", "w") as lock:
@@ -196,20 +196,18 @@ def foreign_packages(model_store: Path, tmp_path_factory: pytest.TempPathFactory
 
 def build_model_store(store: Path, foreign: Path) -> None:
     """The archives into `store` and build_foreign_packages into `foreign`."""
-    from torchserve_vision.archives.build import build_archive
     from torchserve_vision.model_descriptions import load_descriptions
 
     descriptions = load_descriptions(paths.MODEL_DESCRIPTIONS)
     singles = [d.name for d in descriptions if not d.is_pipeline]
     # the compiled ones first, so that no long build starts last in the pool
     singles.sort(key=lambda name: "compile" not in session_description(name).handler_options)
+    pipelines = [d.name for d in descriptions if d.is_pipeline]
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         archives = pool.map(build_described, singles, [store] * len(singles))
         pool.submit(build_foreign_packages, foreign).result()
         list(archives)
-    for description in descriptions:
-        if description.is_pipeline:
-            build_archive(description, store)
+        list(pool.map(build_described, pipelines, [store] * len(pipelines)))   # their stages are built
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ SAMPLES_MAX_BYTES = 3_000_000
 RULES = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
 POD = {"namespace": "serving", "pod": "torchserve-vision-0"}
 SCRAPE_INTERVAL_S = 5            # a quarter of the rules' 1-minute windows, or less, as the PodMonitor's
-RATE_RPS = 10.0                   # light: nothing queues, also on cores another test keeps busy
+RATE_RPS = 5.0                    # light: nothing queues, also on cores another test keeps busy
 
 
 def adapter_query(metric: str) -> str:

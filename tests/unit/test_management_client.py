@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import random
 import socket
 import threading
 import zipfile
@@ -86,6 +87,27 @@ def test_archive_with_version_rewrites_only_the_manifest_version(tmp_path):
     with zipfile.ZipFile(tmp_path / name) as archive:
         assert archive.read("model.pt") == b"weights"
     assert archive_manifest(source)["modelVersion"] == "1.0"
+
+
+def test_a_versioned_copy_deflates_text_and_stores_what_deflates_poorly(tmp_path):
+    """Weights deflate little, so the copy stores them (not deflated again); text stays deflated;
+    every file reads back the same."""
+    source = tmp_path / "m-1.0.mar"
+    noise = random.Random(0).randbytes(200_000)              # as weights are: barely compressible
+    text = b"handler:\n  top_k: 5\n" * 5_000
+    with zipfile.ZipFile(source, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "m",
+                                                                        "modelVersion": "1.0"}}))
+        archive.writestr("model.pt", noise)
+        archive.writestr("labels.txt", text)
+    once = archive_with_version(tmp_path, source.name, "2.0")
+    twice = archive_with_version(tmp_path, once, "3.0")             # a copy of a copy
+    for name in (once, twice):
+        with zipfile.ZipFile(tmp_path / name) as copy:
+            assert copy.getinfo("model.pt").compress_type == zipfile.ZIP_STORED
+            assert copy.getinfo("labels.txt").compress_type == zipfile.ZIP_DEFLATED
+            assert (copy.read("model.pt"), copy.read("labels.txt")) == (noise, text)
+        assert archive_manifest(tmp_path / name)["modelVersion"] == name[2:-4]
 
 
 class FlakyUnregister(TorchServeClient):

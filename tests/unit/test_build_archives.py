@@ -304,7 +304,11 @@ def test_the_default_archive_holds_the_handlers_package_and_real_weights(model_s
     with zipfile.ZipFile(model_store / "efficientnet_lite0-1.0.mar") as archive:
         names = set(archive.namelist())
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+        stored = {item.filename for item in archive.infolist() if item.compress_type == zipfile.ZIP_STORED}
     assert {"handlers/serving.py", "handlers/request/decode.py", "labels.json", "model.pt"} <= names
+    # weights and compiled models stored, not deflated: every registration inflates the archive
+    assert {"model.pt", "compiled/model-fp32.pt2", "compiled/model.onnx",
+            "compiled/model-openvino.bin"} <= stored
     assert manifest["model"]["handler"] == "image_classifier.py"
     assert manifest["model"]["modelVersion"] == "1.0"
 

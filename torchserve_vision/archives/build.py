@@ -74,6 +74,12 @@ from torchserve_vision.photo_sets import PhotoSetError
 
 logger = logging.getLogger(__name__)
 HANDLER_PACKAGE = Path(handlers.__file__).resolve().parent
+# Archives store their files uncompressed (a zip all the same; TorchServe serves it as any
+# .mar). Weights and compiled models make up almost all of an archive and deflate by only
+# 7-30 %, and TorchServe's frontend inflates the whole archive at every registration: Lite0's
+# (89 MB) costs the frontend 0.4 s of a core to register stored, 1.3 s deflated (78 MB), and
+# torch-model-archiver 0.3 s to write instead of 3.1 (docs/benchmarks.md, "Building the archives").
+ARCHIVE_FORMAT = "zip-store"
 
 
 class BuildError(CommandError, RuntimeError):
@@ -375,7 +381,7 @@ def run_archiver(description: ModelDescription, staging: Path, weights: Path | N
         "--handler", str(handler),
         "--extra-files", str(staging / "extra"),
         "--config-file", str(staging / "model-config.yaml"),
-        "--export-path", str(staging), "--force",
+        "--export-path", str(staging), "--force", "--archive-format", ARCHIVE_FORMAT,
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:

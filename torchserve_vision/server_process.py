@@ -9,6 +9,7 @@ several instances (the demo, test servers) run side by side and stopping one lea
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -223,13 +224,37 @@ def model_name_of(archive: Path) -> str:
 def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_models: int = 0,
                        cancelled: threading.Event | None = None) -> None:
     """Wait for /ping and for every model loaded at start to have its workers READY (or until
-    `cancelled` is set: the caller is stopping anyway)."""
-    wait_until(lambda: ping(instance) and models_ready(instance.client(), expected_models),
-               timeout_s, f"TorchServe at {instance.inference_url} to be healthy", interval_s=0.5,
+    `cancelled` is set: the caller is stopping anyway). ServerError at once when the frontend
+    has exited: TorchServe 0.12 exits when it cannot bind an address, and /ping alone would
+    leave the caller waiting out `timeout_s` for a server that is gone."""
+
+    def healthy() -> bool:
+        if ping(instance) and models_ready(instance.client(), expected_models):
+            return True
+        if frontend_pid(instance) is None:
+            raise ServerError(f"TorchServe at {instance.inference_url} exited while starting"
+                              f"{frontend_exit_reason(instance)}")
+        return False
+
+    wait_until(healthy, timeout_s, f"TorchServe at {instance.inference_url} to be healthy", interval_s=0.5,
                cancelled=cancelled,
                error=lambda message: ServerError(
                    f"{message}.\nLast lines of {instance.log_dir / 'model_log.log'}:\n"
                    f"{instance.model_log_tail()}"))
+
+
+def frontend_exit_reason(instance: TorchServeInstance, lines: int = 20) -> str:
+    """Why the frontend exited, from its output: the address it could not bind, else its last
+    lines (with log_to_stdout the output went to the caller's standard output)."""
+    if instance.log_to_stdout:
+        return ": see its output above"
+    output = instance.run_dir / "torchserve.out"
+    text = output.read_text(errors="replace") if output.is_file() else ""
+    bind = re.search(r"Failed to bind to address: (\S+)", text)
+    if bind is not None:
+        cause = " (address already in use)" if "Address already in use" in text else ""
+        return f": it could not bind {bind[1]}{cause}"
+    return f". Last lines of {output}:\n" + "\n".join(text.splitlines()[-lines:])
 
 
 def start(instance: TorchServeInstance, model_store: Path | None = None,

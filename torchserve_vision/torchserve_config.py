@@ -4,6 +4,7 @@ including the `load_models=` / `models=` entries generated from the model descri
 from __future__ import annotations
 
 import json
+import random
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,8 +51,52 @@ def render_properties(properties: Mapping[str, str]) -> str:
     return "".join(f"{key}={value}\n" for key, value in properties.items())
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` TCP ports free on 127.0.0.1 right now."""
+# Where the kernel takes the local ports of outgoing connections (Linux's default is 32768-60999).
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_CHOSEN_PORT = 15000       # well above the usual fixed services' ports (8080, 9090, 6379, ...)
+
+
+def ephemeral_range_start(range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int, below: int | None = None) -> list[int]:
+    """`count` distinct TCP ports free on 127.0.0.1 right now, chosen at random from
+    LOWEST_CHOSEN_PORT up to `below` (default: the start of the ephemeral range). A port of the
+    ephemeral range, as binding port 0 gives, can become the local end of any outgoing connection
+    in the seconds before the server binds it: a test pod's TorchServe once failed to start with
+    its management port 'already in use' that way. Where the range leaves fewer than 1,000 ports
+    below it, the kernel's choice (port 0) is taken instead."""
+    below = ephemeral_range_start() if below is None else below
+    if below - LOWEST_CHOSEN_PORT < 1000:
+        return free_ports_from_kernel(count)
+    draw = random.SystemRandom()
+    chosen: list[int] = []
+    for _ in range(100 * count):
+        port = draw.randrange(LOWEST_CHOSEN_PORT, below)
+        if port not in chosen and port_free(port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise ConfigError(f"fewer than {count} free ports on 127.0.0.1 below {below}")
+
+
+def port_free(port: int) -> bool:
+    """Whether a listening socket could bind `port` on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports_from_kernel(count: int) -> list[int]:
+    """`count` ports the kernel hands out for port 0 (from its ephemeral range)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:

@@ -1,11 +1,13 @@
 """Start-up on a real TorchServe: timeouts from config/models.yaml, workers that report their
 start-up time and serve the first compiled runner of the archive's order for the CPU at hand
 (every archive of the store, each network of the pipelines too), and an archive whose packages
-were compiled for another target, refused by the worker and served eagerly instead of crashing it."""
+were compiled for another target, refused by the worker and served eagerly instead of crashing it;
+a start that cannot become healthy, or whose address is taken, fails and leaves nothing running."""
 
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import zipfile
 from pathlib import Path
@@ -173,3 +175,26 @@ def test_a_server_that_is_not_healthy_in_time_is_stopped_again(tmp_path):
     running = subprocess.run(["pgrep", "-f", str(instance.effective_config)], capture_output=True,
                              check=False)
     assert running.returncode == 1, running.stdout    # no process runs with this instance's config
+
+
+def test_a_server_whose_address_is_taken_fails_at_once_naming_it(tmp_path):
+    """TorchServe 0.12 exits when it cannot bind one of its addresses: the start says which at
+    once (with a wait of ten minutes, a timeout would read 'to be healthy') and leaves nothing
+    running."""
+    store = tmp_path / "store"
+    store.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"http://127.0.0.1:{taken.getsockname()[1]}"
+        config = server_config(tmp_path / "config", store, paths.DEVELOPMENT_CONFIG,
+                               load_models="", management_address=address)
+        instance = instance_for(config, tmp_path / "run")
+        with pytest.raises(ServerError) as failed:
+            start(instance, store, timeout_s=600)
+    assert str(failed.value).endswith(f"exited while starting: it could not bind {address} "
+                                      "(address already in use)")
+    assert not ping(instance)
+    running = subprocess.run(["pgrep", "-f", str(instance.effective_config)], capture_output=True,
+                             check=False)
+    assert running.returncode == 1, running.stdout

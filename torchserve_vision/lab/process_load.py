@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from torchserve_vision.lab.loadgen import Report, Result, summarize
+from torchserve_vision.torchserve_config import free_ports
 
 CONTEXT = multiprocessing.get_context("spawn")
 HEADER_END = b"\r\n\r\n"
@@ -181,16 +182,10 @@ def _respond_forever(port: int) -> None:
     asyncio.run(serve())
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextlib.contextmanager
 def trivial_responder(processes: int) -> Iterator[str]:
     """A URL answered by `processes` asyncio processes that reply `[]` to every POST at once."""
-    port = _free_port()
+    port = free_ports(1)[0]
     workers = [CONTEXT.Process(target=_respond_forever, args=(port,), daemon=True)
                for _ in range(max(1, processes))]
     for worker in workers:

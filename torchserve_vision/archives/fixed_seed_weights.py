@@ -17,8 +17,11 @@ from torch import nn
 
 @torch.no_grad()
 def calibrate_batch_norm(model: nn.Module, batches: Sequence[torch.Tensor]) -> None:
-    """Set every BatchNorm's running mean/var to the exact average over `batches`."""
+    """Set every BatchNorm's running mean/var to the exact average over `batches` (no forward
+    pass for a model without one, such as SSD300's VGG backbone)."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
     for norm in norms:
         norm.reset_running_stats()
         norm.momentum = None  # cumulative average

@@ -225,13 +225,14 @@ def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_
                        cancelled: threading.Event | None = None) -> None:
     """Wait for /ping and for every model loaded at start to have its workers READY (or until
     `cancelled` is set: the caller is stopping anyway). ServerError at once when the frontend
-    has exited: TorchServe 0.12 exits when it cannot bind an address, and /ping alone would
-    leave the caller waiting out `timeout_s` for a server that is gone."""
+    has exited unasked: TorchServe 0.12 exits when it cannot bind an address, and /ping alone
+    would leave the caller waiting out `timeout_s` for a server that is gone. (A Ctrl-C reaches
+    the frontend too; then `cancelled` is set and the caller's stop follows, no error.)"""
 
     def healthy() -> bool:
         if ping(instance) and models_ready(instance.client(), expected_models):
             return True
-        if frontend_pid(instance) is None:
+        if frontend_pid(instance) is None and not (cancelled is not None and cancelled.is_set()):
             raise ServerError(f"TorchServe at {instance.inference_url} exited while starting"
                               f"{frontend_exit_reason(instance)}")
         return False

@@ -222,19 +222,21 @@ def model_name_of(archive: Path) -> str:
 
 
 def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_models: int = 0,
-                       cancelled: threading.Event | None = None) -> None:
+                       cancelled: threading.Event | None = None, output_start: int = 0) -> None:
     """Wait for /ping and for every model loaded at start to have its workers READY (or until
     `cancelled` is set: the caller is stopping anyway). ServerError at once when the frontend
     has exited unasked: TorchServe 0.12 exits when it cannot bind an address, and /ping alone
     would leave the caller waiting out `timeout_s` for a server that is gone. (A Ctrl-C reaches
-    the frontend too; then `cancelled` is set and the caller's stop follows, no error.)"""
+    the frontend too; then `cancelled` is set and the caller's stop follows, no error.)
+    `output_start`: where this start's output begins in torchserve.out, which keeps earlier
+    starts' output."""
 
     def healthy() -> bool:
         if ping(instance) and models_ready(instance.client(), expected_models):
             return True
         if frontend_pid(instance) is None and not (cancelled is not None and cancelled.is_set()):
             raise ServerError(f"TorchServe at {instance.inference_url} exited while starting"
-                              f"{frontend_exit_reason(instance)}")
+                              f"{frontend_exit_reason(instance, output_start)}")
         return False
 
     wait_until(healthy, timeout_s, f"TorchServe at {instance.inference_url} to be healthy", interval_s=0.5,
@@ -244,13 +246,18 @@ def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_
                    f"{instance.model_log_tail()}"))
 
 
-def frontend_exit_reason(instance: TorchServeInstance, lines: int = 20) -> str:
-    """Why the frontend exited, from its output: the address it could not bind, else its last
-    lines (with log_to_stdout the output went to the caller's standard output)."""
+def frontend_exit_reason(instance: TorchServeInstance, output_start: int = 0, lines: int = 20) -> str:
+    """Why the frontend exited, from its output after `output_start` (a byte offset): the address
+    it could not bind, else its last lines (with log_to_stdout the output went to the caller's
+    standard output)."""
     if instance.log_to_stdout:
         return ": see its output above"
     output = instance.run_dir / "torchserve.out"
-    text = output.read_text(errors="replace") if output.is_file() else ""
+    text = ""
+    if output.is_file():
+        with output.open("rb") as written:
+            written.seek(output_start)
+            text = written.read().decode(errors="replace")
     bind = re.search(r"Failed to bind to address: (\S+)", text)
     if bind is not None:
         cause = " (address already in use)" if "Address already in use" in text else ""
@@ -279,6 +286,7 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
     # As JSON lines, its output goes through a pipe that a thread here copies, wrapping the lines
     # that log4j2 does not write (the launcher's, the JVM's).
     output_path = instance.run_dir / "torchserve.out"
+    output_start = output_path.stat().st_size if output_path.is_file() else 0   # appended to
     sys.stdout.flush()
     environment = instance.environment()
     fork_server = prestart_fork_server(environment, instance.tmp_dir / ".model_server.pid")
@@ -299,7 +307,8 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
         raise ServerError(f"torchserve --start failed ({result.returncode}): {where}")
     if wait:
         try:
-            wait_until_healthy(instance, timeout_s, expected_model_count(instance, store), cancelled)
+            wait_until_healthy(instance, timeout_s, expected_model_count(instance, store), cancelled,
+                               output_start)
         except ServerError:
             stop(instance)      # a server that never became healthy is not left running
             raise

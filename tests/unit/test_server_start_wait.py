@@ -50,3 +50,14 @@ def test_a_frontend_gone_while_the_caller_stops_is_no_error(tmp_path):
     stopping = threading.Event()
     stopping.set()
     wait_until_healthy(instance, timeout_s=600, cancelled=stopping)
+
+
+def test_an_earlier_starts_output_is_not_taken_for_this_ones(tmp_path):
+    """torchserve.out is appended to by every start of one run directory."""
+    earlier = "java.io.IOException: Failed to bind to address: http://127.0.0.1:8081\n"
+    instance = exited_frontend(tmp_path, earlier + "this start\n")
+    with pytest.raises(ServerError) as failed:
+        wait_until_healthy(instance, timeout_s=600, output_start=len(earlier))
+    assert "could not bind" not in str(failed.value)
+    assert str(failed.value).endswith("exited while starting. Last lines of "
+                                      f"{instance.run_dir / 'torchserve.out'}:\nthis start")

@@ -38,7 +38,12 @@ from torchserve_vision.front_proxy import (
     traffic_socket,
 )
 from torchserve_vision.model_descriptions import ServingSettings
-from torchserve_vision.rollout import RolloutInterrupted, interrupts_ignored, server_identity
+from torchserve_vision.rollout import (
+    RolloutInterrupted,
+    interrupts_deferred,
+    interrupts_ignored,
+    server_identity,
+)
 from torchserve_vision.rollout_history import (
     CanarySplit,
     ChangeKind,
@@ -171,17 +176,19 @@ def change_split(client: TorchServeClient, journal: Journal, traffic_dir: Path, 
     before = canary_of(traffic_dir, model)
     if before == split:
         return None
-    intent = journal.begin(split_entry(client, model, kind, split, recorded_from or before, note))
-    try:
-        apply_split(traffic_dir, model, split)
-    except (CanaryError, KeyboardInterrupt):
+    entry = split_entry(client, model, kind, split, recorded_from or before, note)
+    with interrupts_deferred():    # a Ctrl-C comes after the entry says what was done
+        intent = journal.begin(entry)
         try:
-            apply_split(traffic_dir, model, before)
-            journal.end(intent, "undone")
+            apply_split(traffic_dir, model, split)
         except CanaryError:
-            pass   # left started: half-done, `models rollout --abort` restores `before`
-        raise
-    return journal.end(intent, "done")
+            try:
+                apply_split(traffic_dir, model, before)
+                journal.end(intent, "undone")
+            except CanaryError:
+                pass   # left started: half-done, `models rollout --abort` restores `before`
+            raise
+        return journal.end(intent, "done")
 
 
 def undo_canary_step(client: TorchServeClient, step: HistoryEntry, traffic_dir: Path,
@@ -389,9 +396,10 @@ def walk_canary(client: TorchServeClient, model: str, version: str, traffic_dir:
     with RequestLog(traffic_dir) as requests_log:
         try:
             for percent in steps:
-                step = change_split(client, journal, traffic_dir, model,
-                                    CanarySplit(version, percent))
-                walked += [step] if step is not None else []
+                with interrupts_deferred():   # a step taken is a step the walk knows to undo
+                    step = change_split(client, journal, traffic_dir, model,
+                                        CanarySplit(version, percent))
+                    walked += [step] if step is not None else []
                 requests_log.take()
                 before = totals()
                 time.sleep(hold_s)

@@ -178,6 +178,25 @@ def interrupts_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C during the block takes effect as the block ends, so that a change and its record
+    (a canary step and its history entry) happen together or not at all. Nested blocks defer to
+    the outermost; only possible in the main thread (elsewhere this does nothing)."""
+    received: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)   # to the handler before: raises, records or ignores
+
+
 def undo(client: TorchServeClient, model: str, new_version: str, old_version: str | None,
          log: Log) -> list[str]:
     """Put the old version back as default and remove the new one if it got registered, as far

@@ -9,17 +9,20 @@ while its batch runs gets its answer; a bad header is a 400 for that request alo
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import requests
+from PIL import Image
 
 from tests.images import CAT_LABELS, photo_bytes
 from tests.server.http_client import burst_with_one_bad_upload, concurrently
@@ -37,9 +40,9 @@ MODEL = "efficientnet_lite0"
 QUEUED, DELAYED, WITH_DEADLINE, PRIORITIES = "1.0-queued", "1.0-delayed", "1.0-deadline", "1.0-priorities"
 AN_HOUR_MS = 3_600_000
 MODEL_DEADLINE_MS = 10        # less than one large photo takes
-# Large photos sent at once to keep one worker busy: enough that a queue builds up behind it
-# while they arrive (a batch of 8 of them takes about 150 ms with OpenVINO on a Zen 4 core).
-BUSY = 40
+# Slow PNGs sent at once to keep one worker busy while more than a batch queues behind it (see
+# slow_png): 16 for the deadline test (a batch and a full one queued), 24 for the priority test.
+SLOW_BUSY, SLOW_BUSY_FOR_PRIORITY = 16, 24
 EXPIRED = "ts_requests_expired_total"
 SHED_FOR_PRIORITY = "ts_requests_shed_for_priority_total"
 
@@ -67,6 +70,18 @@ def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIns
             wait_for_workers(client, MODEL, version, 1, 300)
         client.set_default(MODEL, QUEUED)
         yield server
+
+
+@cache
+def slow_png() -> bytes:
+    """A 6 MP PNG of a gradient: about 20 KB to send, but a full decode (PNG has no
+    reduced-scale one, unlike a JPEG) and a resize from 6 MP to compute, about 100 ms of a core.
+    A queue builds behind a worker busy with a few of them however slowly the client sends;
+    with large JPEGs, on a loaded machine, the worker could take them as fast as they arrived."""
+    gradient = np.linspace(0, 255, 3000, dtype=np.uint8)[None, :, None].repeat(2000, 0).repeat(3, 2)
+    encoded = io.BytesIO()
+    Image.fromarray(gradient).save(encoded, "PNG")
+    return encoded.getvalue()
 
 
 def post(server: TorchServeInstance, body: bytes, version: str = QUEUED,
@@ -151,10 +166,9 @@ def timed_post(server: TorchServeInstance, body: bytes, version: str,
 
 
 def test_a_request_past_its_deadline_is_answered_504_and_never_reaches_the_handler(queued_server):
-    """BUSY large photos keep the worker busy for a few batches; a request with a deadline of 1 ms
-    sent behind them waits at least a batch: 504 with a JSON error, absent from the handler's
-    batches, counted; a request without a deadline sent with it is answered."""
-    photo = benchmark_jpeg("phone")
+    """SLOW_BUSY slow PNGs keep the worker busy for a few batches; a request with a deadline of
+    1 ms sent behind them waits at least a batch: 504 with a JSON error, absent from the
+    handler's batches, counted; a request without a deadline sent with it is answered."""
     client = queued_server.client()
     log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
     expired_before = expired_count(queued_server, QUEUED)
@@ -162,21 +176,21 @@ def test_a_request_past_its_deadline_is_answered_504_and_never_reaches_the_handl
     def pending() -> int:
         return int(client.describe(MODEL, QUEUED)[0]["jobQueueStatus"]["pendingRequests"])
 
-    with ThreadPoolExecutor(max_workers=BUSY) as pool:
-        busy = [pool.submit(post, queued_server, photo) for _ in range(BUSY)]
+    with ThreadPoolExecutor(max_workers=SLOW_BUSY) as pool:
+        busy = [pool.submit(post, queued_server, slow_png()) for _ in range(SLOW_BUSY)]
         # A batch runs and the next one is queued: what is sent now waits at least a batch.
         wait_until(lambda: pending() >= 8, 60, "8 queued requests", interval_s=0.005)
         expired, fresh = concurrently([
             lambda: post(queued_server, photo_bytes("chelsea.png"), headers={"X-Request-Timeout-Ms": "1"}),
             lambda: post(queued_server, photo_bytes("chelsea.png"))], 2)
-        assert [reply.result().status_code for reply in busy] == [200] * BUSY
+        assert [reply.result().status_code for reply in busy] == [200] * SLOW_BUSY
     assert expired.status_code == 504, expired.text
     assert expired.headers["Content-Type"].startswith("application/json")
     assert expired.json()["type"] == "DeadlineExceeded" and "1 ms" in expired.json()["message"]
     assert fresh.status_code == 200 and fresh.json()[0]["label"] in CAT_LABELS
     wait_for_log(queued_server.log_dir / "model_log.log",
-                 lambda lines: computed_requests(queued_server, QUEUED, log_start) >= BUSY + 1)
-    assert computed_requests(queued_server, QUEUED, log_start) == BUSY + 1    # not the expired one
+                 lambda lines: computed_requests(queued_server, QUEUED, log_start) >= SLOW_BUSY + 1)
+    assert computed_requests(queued_server, QUEUED, log_start) == SLOW_BUSY + 1    # not the expired one
     assert expired_count(queued_server, QUEUED) == expired_before + 1
 
 
@@ -199,26 +213,25 @@ def pending_requests(server: TorchServeInstance, version: str) -> int:
 
 
 def test_a_high_priority_request_is_taken_before_the_normal_ones_queued_ahead_of_it(queued_server):
-    """BUSY large photos keep the one worker busy for a few batches; a request with
-    `X-Request-Priority: high` sent while two batches' worth are queued joins the next batch, so
-    it is answered before normal requests that were queued before it. A bad priority is a 400
-    for that request alone."""
-    photo = benchmark_jpeg("phone")
+    """SLOW_BUSY_FOR_PRIORITY slow PNGs keep the one worker busy for a few batches; a request
+    with `X-Request-Priority: high` sent while two batches' worth are queued joins the next
+    batch, so it is answered before normal requests that were queued before it. A bad priority
+    is a 400 for that request alone."""
     finished: dict[str, float] = {}
 
     def timed(name: str, headers: dict[str, str] | None = None) -> requests.Response:
-        reply = post(queued_server, photo if name != "high" else photo_bytes("chelsea.png"),
+        reply = post(queued_server, slow_png() if name != "high" else photo_bytes("chelsea.png"),
                      version=PRIORITIES, headers=headers)
         finished[name] = time.monotonic()
         return reply
 
-    with ThreadPoolExecutor(max_workers=BUSY) as pool:
-        normal = [pool.submit(timed, f"normal {index}") for index in range(BUSY)]
+    with ThreadPoolExecutor(max_workers=SLOW_BUSY_FOR_PRIORITY) as pool:
+        normal = [pool.submit(timed, f"normal {index}") for index in range(SLOW_BUSY_FOR_PRIORITY)]
         wait_until(lambda: pending_requests(queued_server, PRIORITIES) >= 16, 60, "16 queued requests",
                    interval_s=0.005)
         high, bad = concurrently([partial(timed, "high", {"X-Request-Priority": "HIGH"}),
                                   partial(timed, "bad", {"X-Request-Priority": "urgent"})], 2)
-        assert [reply.result().status_code for reply in normal] == [200] * BUSY
+        assert [reply.result().status_code for reply in normal] == [200] * SLOW_BUSY_FOR_PRIORITY
     assert high.status_code == 200 and high.json()[0]["label"] in CAT_LABELS
     assert bad.status_code == 400 and bad.json()["type"] == "InvalidRequestPriority", bad.text
     later = [name for name, at in finished.items() if name.startswith("normal") and at > finished["high"]]

@@ -28,7 +28,8 @@ def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop
     which takes two failed checks 250 ms apart, so at least a quarter second at 15 requests/s per
     pod: 5 to 16 failed per stock-stopped pod at 30/s, the rate here. (Out after one failed
     check, the window could be nearly nothing: 0 to 7 failed at 15/s, and once 0 at 30/s.)
-    A graceful pod keeps serving twice the longest the balancer may take to notice. A failure
+    A graceful pod keeps serving twice the longest the balancer may take to notice, and the
+    balancer's own record shows each pod taken out (a graceful one for its readiness) and back. A failure
     counts against the step during which it happened (on a loaded 2-core machine answers take
     over a second, and requests sent just before the stock stop fail in it)."""
     monkeypatch.setenv("TSV_WORKERS", "1")   # one worker per pod, as a pod per core would run
@@ -39,7 +40,15 @@ def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop
     assert [(step.graceful, step.exit_code) for step in report.steps] == [
         (True, 0), (True, 0), (False, 1)]   # the entrypoint saw TorchServe die
     assert report.sent > 30 * 20                     # load ran through all three restarts
-    assert [step.failed for step in report.steps[:2]] == [0, 0], [step.errors for step in report.steps]
+    assert [step.failed for step in report.steps[:2]] == [0, 0], (
+        [step.errors for step in report.steps], report.balancer_changes)
+    # the balancer took each stopped pod out of its rotation and back, in turn (a graceful one
+    # because its readiness answered 503)
+    changes = iter(change.split(": ", 1)[1] for change in report.balancer_changes)
+    for step in report.steps:
+        out = next((change for change in changes if change.startswith(f"{step.pod} DOWN")), "")
+        assert out and (not step.graceful or "code: 503" in out), (step, report.balancer_changes)
+        assert any(change.startswith(f"{step.pod} UP") for change in changes), report.balancer_changes
     assert report.steps[2].failed > 0
     assert report.failed == sum(step.failed for step in report.steps)
     assert set(report.versions_before) == {"1.0"} and report.versions_before["1.0"] > 10

@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import shutil
+import time
 import zipfile
 from collections import Counter
 
@@ -38,7 +39,7 @@ from torchserve_vision.lab.loadgen import (
     run_open_loop,
     summarize,
 )
-from torchserve_vision.lab.rolling_update import rolled_config
+from torchserve_vision.lab.rolling_update import BalancerLog, rolled_config
 from torchserve_vision.lab.sweep import SweepPoint, choose_operating_point, write_results
 from torchserve_vision.lab.tune import update_models_yaml
 from torchserve_vision.photo_sets import PhotoSetError, project_photos, variant_jpegs
@@ -275,3 +276,25 @@ def test_the_drift_lab_counts_windows_over_the_threshold_and_its_shifts_shift():
         assert opened(turned).size == opened(original).size[::-1]
         assert opened(smaller).width == opened(original).width // 3
     assert len(set(streams["other subjects"])) == 3
+
+
+def test_the_rehearsal_reads_the_balancers_changes_of_its_rotation_from_its_warnings():
+    """lab rolling-update: HAProxy's own warnings (its stderr in the foreground, as HAProxy 2.6
+    writes them) become the report's balancer changes; other lines are left out."""
+    stderr = io.BytesIO(
+        b"[NOTICE]   (41) : haproxy version is 2.6.12\n"
+        b'[WARNING]  (41) : Server pods/pod1 is DOWN, reason: Layer7 wrong status, code: 503, '
+        b'info: "Service Unavailable", check duration: 2ms. 1 active and 0 backup servers left. '
+        b"2 sessions active, 0 requeued, 0 remaining in queue.\n"
+        b"[ALERT]    (41) : backend 'pods' has no server available!\n"
+        b"[WARNING]  (41) : Server pods/pod1 is UP, reason: Layer7 check passed, code: 200, check "
+        b"duration: 1ms. 2 active and 0 backup servers online. 0 sessions requeued, 0 total in queue.\n")
+    started = time.perf_counter()
+    log = BalancerLog(stderr)
+    log.thread.join(timeout=10)
+    changes = [change.split(": ", 1)[1] for change in log.since(started)]
+    assert changes == [
+        'pod1 DOWN: Layer7 wrong status, code: 503, info: "Service Unavailable", check duration: 2ms',
+        "no pod in the rotation",
+        "pod1 UP: Layer7 check passed, code: 200, check duration: 1ms"]
+    assert log.since(time.perf_counter() + 1) == []

@@ -11,9 +11,10 @@ as a Service's endpoints follow readiness (out after two failed checks in a row)
 retry a failed request (`retries 0`), so a request sent to a pod that cannot answer counts as a
 failure. Per pod: SIGTERM (readiness false, `--drain-delay` of serving while HAProxy takes it
 out, drain, stop, exit 0), then a new process on the same ports, until ready and back in
-HAProxy's rotation. Reported: every step's
-time and exit status, requests sent and failed over the whole run. `--stock-stop` stops each
-pod with `torchserve --stop` instead (no readiness change, no drain), for comparison.
+HAProxy's rotation. Reported: every step's time and exit status, requests sent and failed over
+the whole run, and each time HAProxy took a pod out of its rotation or back (with its reason), so
+a failure can be traced to its cause. `--stock-stop` stops each pod with `torchserve --stop`
+instead (no readiness change, no drain), for comparison.
 
 A new model version, rolled out as on Kubernetes (a new image per version): with `--new-version
 V`, each pod comes back serving a copy of its archive as version V (what the new image would
@@ -26,6 +27,7 @@ is stopped, during the roll, and after the last pod is back.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
 import threading
@@ -34,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import IO
 
 import requests
 
@@ -87,6 +90,8 @@ class RehearsalReport:
     versions_before: dict[str, int]
     versions_during: dict[str, int]
     versions_after: dict[str, int]
+    # HAProxy's changes of its rotation: "<s from the start of the load> <pod> DOWN|UP: <reason>"
+    balancer_changes: list[str] = field(default_factory=list)
 
     def table(self) -> str:
         lines = [f"{step.pod}: {'SIGTERM' if step.graceful else 'stock stop'}, exit "
@@ -99,7 +104,38 @@ class RehearsalReport:
         lines.append(f"latency ms: {latency}")
         lines.append(f"answers per version: before the first stop {self.versions_before}, during "
                      f"the roll {self.versions_during}, after {self.versions_after}")
+        lines += [f"balancer at {change}" for change in self.balancer_changes]
         return "\n".join(lines)
+
+
+# HAProxy's warning (on its stderr in the foreground) when a health check changes a server's state:
+# "[WARNING]  (123) : Server pods/pod0 is DOWN, reason: Layer7 wrong status, code: 503, ..."
+SERVER_STATE_LINE = re.compile(
+    r"Server pods/(?P<pod>\S+) is (?P<state>UP|DOWN)(?:, reason: (?P<reason>[^.]*))?")
+
+
+class BalancerLog:
+    """HAProxy's changes of its rotation, read from its stderr as they come, each with the
+    time.perf_counter() it was read at."""
+
+    def __init__(self, stderr: IO[bytes]) -> None:
+        self.changes: list[tuple[float, str]] = []
+        self.thread = threading.Thread(target=self.read, args=(stderr,), daemon=True)
+        self.thread.start()
+
+    def read(self, stderr: IO[bytes]) -> None:
+        for raw in stderr:
+            line = raw.decode(errors="replace")
+            found = SERVER_STATE_LINE.search(line)
+            if found:
+                reason = f": {found['reason'].strip()}" if found["reason"] else ""
+                self.changes.append((time.perf_counter(), f"{found['pod']} {found['state']}{reason}"))
+            elif "has no server available" in line:
+                self.changes.append((time.perf_counter(), "no pod in the rotation"))
+
+    def since(self, started: float) -> list[str]:
+        """The changes read so far, timed from `started` (time.perf_counter())."""
+        return [f"{at - started:.1f} s: {change}" for at, change in list(self.changes) if at >= started]
 
 
 def haproxy_config(port: int, pods: list[Pod], stats_port: int) -> str:
@@ -163,7 +199,9 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
             for pod in pods:
                 pod.wait_ready()
             balancer = subprocess.Popen([haproxy_binary(), "-db", "-f", str(root / "haproxy.cfg")],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            assert balancer.stderr is not None
+            balancer_log = BalancerLog(balancer.stderr)
             wait_until(lambda: servers_up(stats_port) == pod_count, 30, "HAProxy to see every pod",
                        interval_s=0.05, error=PodError)
             on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
@@ -172,7 +210,8 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
             rolled = {} if rolled_load_models is None else {
                 pod.name: rolled_config(pod.config, root / f"{pod.name}-rolled", model_store,
                                         rolled_load_models) for pod in pods}
-            return roll(pods, plan, port, stats_port, rate_rps, settle_s, on_step, rolled)
+            return roll(pods, plan, port, stats_port, rate_rps, settle_s, on_step, rolled,
+                        balancer_log)
         finally:
             if balancer is not None:
                 balancer.terminate()
@@ -183,9 +222,11 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
 
 def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: int, rate_rps: float,
          settle_s: float, on_step: Callable[[str], None],
-         rolled_configs: dict[str, Path] | None = None) -> RehearsalReport:
+         rolled_configs: dict[str, Path] | None = None,
+         balancer_log: BalancerLog | None = None) -> RehearsalReport:
     """Stop and restart the pods of `plan` in turn (True: gracefully) under open-loop load; a
-    restarted pod runs its config of `rolled_configs` when given (the new version's archives)."""
+    restarted pod runs its config of `rolled_configs` when given (the new version's archives);
+    the balancer's changes of its rotation from `balancer_log`, when given."""
     target = LoadTarget(f"http://127.0.0.1:{port}/predictions/efficientnet_lite0",
                         [photo_path().read_bytes()], timeout_s=60)
     results: list[Result] = []
@@ -236,7 +277,8 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
                            errors=summary.errors, latency_ms=summary.latency_ms, steps=steps,
                            versions_before=answers_per_version(results, 0.0, first_stop),
                            versions_during=answers_per_version(results, first_stop, last_back),
-                           versions_after=answers_per_version(results, last_back, float("inf")))
+                           versions_after=answers_per_version(results, last_back, float("inf")),
+                           balancer_changes=balancer_log.since(started) if balancer_log else [])
 
 
 def step_failures(step: PodStep, results: list[Result], start_s: float, end_s: float) -> PodStep:

@@ -73,12 +73,12 @@ def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIns
 
 
 @cache
-def slow_png() -> bytes:
-    """A 6 MP PNG of a gradient: about 20 KB to send, but a full decode (PNG has no
+def slow_png(width: int = 3000, height: int = 2000) -> bytes:
+    """A PNG of a gradient, 6 MP by default: about 20 KB to send, but a full decode (PNG has no
     reduced-scale one, unlike a JPEG) and a resize from 6 MP to compute, about 100 ms of a core.
     A queue builds behind a worker busy with a few of them however slowly the client sends;
     with large JPEGs, on a loaded machine, the worker could take them as fast as they arrived."""
-    gradient = np.linspace(0, 255, 3000, dtype=np.uint8)[None, :, None].repeat(2000, 0).repeat(3, 2)
+    gradient = np.linspace(0, 255, width, dtype=np.uint8)[None, :, None].repeat(height, 0).repeat(3, 2)
     encoded = io.BytesIO()
     Image.fromarray(gradient).save(encoded, "PNG")
     return encoded.getvalue()
@@ -239,13 +239,13 @@ def test_a_high_priority_request_is_taken_before_the_normal_ones_queued_ahead_of
 
 
 def test_while_high_priority_requests_come_the_oldest_normal_ones_are_shed_to_keep_room(queued_server):
-    """After a high-priority request, a burst of 90 normal ones fills more than half of the
-    queue (TorchServe's job_queue_size, 100, here): the oldest beyond half are answered 503 with
-    Retry-After and a JSON error, counted; every other request is answered, and only those were
-    computed."""
+    """After a high-priority request, a burst of 90 normal ones (3 MP slow PNGs, about 50 ms of a
+    core each) fills more than half of the queue (TorchServe's job_queue_size, 100, here): the
+    oldest beyond half are answered 503 with Retry-After and a JSON error, counted; every other
+    request is answered, and only those were computed."""
     queue_size = int(queued_server.effective_config.read_text().split("job_queue_size=")[1].split()[0])
     assert queue_size == 100
-    photo = benchmark_jpeg("phone")
+    photo = slow_png(2000, 1500)
     log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
     shed_before = expired_count(queued_server, PRIORITIES, SHED_FOR_PRIORITY)
     assert post(queued_server, photo, version=PRIORITIES, headers={"X-Request-Priority": "high"}).ok

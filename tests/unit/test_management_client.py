@@ -174,7 +174,7 @@ class Exposition(http.server.BaseHTTPRequestHandler):
 
 def test_requests_in_batch_are_read_per_version_from_the_metrics_address():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exposition)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()  # quick shutdown
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         counts = TorchServeClient(metrics_url=url).requests_in_batch()

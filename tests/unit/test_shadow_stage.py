@@ -64,7 +64,8 @@ def candidate() -> Iterator[tuple[Candidate, str]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # polled every 50 ms (not 500), so that shutdown() returns at once
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield state, f"http://127.0.0.1:{server.server_port}"
     state.release.set()
     server.shutdown()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,15 @@ from torchserve_vision.rollout import RolloutInterrupted, interrupts_deferred, i
 from torchserve_vision.rollout_history import CanarySplit, ChangeState, HistoryEntry, Journal, read_history
 
 MODEL, CANDIDATE = "m", "2.0"
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt here, whatever this process inherited (a job started in
+    the background of a shell without job control inherits it ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def interrupt_now() -> None:

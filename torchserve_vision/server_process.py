@@ -246,6 +246,13 @@ def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_
                    f"{instance.model_log_tail()}"))
 
 
+def output_end(instance: TorchServeInstance) -> int:
+    """Where the next start's output will begin in torchserve.out (every start of a run
+    directory appends to it)."""
+    output = instance.run_dir / "torchserve.out"
+    return output.stat().st_size if output.is_file() else 0
+
+
 def frontend_exit_reason(instance: TorchServeInstance, output_start: int = 0, lines: int = 20) -> str:
     """Why the frontend exited, from its output after `output_start` (a byte offset): the address
     it could not bind, else its last lines (with log_to_stdout the output went to the caller's
@@ -286,7 +293,7 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
     # As JSON lines, its output goes through a pipe that a thread here copies, wrapping the lines
     # that log4j2 does not write (the launcher's, the JVM's).
     output_path = instance.run_dir / "torchserve.out"
-    output_start = output_path.stat().st_size if output_path.is_file() else 0   # appended to
+    output_start = output_end(instance)
     sys.stdout.flush()
     environment = instance.environment()
     fork_server = prestart_fork_server(environment, instance.tmp_dir / ".model_server.pid")
@@ -490,6 +497,7 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
         return {front.pid} if isinstance(front, FrontProxy) and front.pid is not None else set()
     try:
         with probes, front, grpc_front:
+            output_start = output_end(instance)
             try:
                 start(instance, store, options.start_timeout_s, cancelled=stop_requested)
             except ServerError:
@@ -502,8 +510,9 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
             while not stop_requested.wait(1.0):
                 reap_orphans(keep=own_children())
                 if frontend_pid(instance) is None:
-                    where = "its output above" if instance.log_to_stdout else instance.log_dir
-                    raise ServerError(f"TorchServe exited on its own; see {where}")
+                    where = "" if instance.log_to_stdout else f" (logs in {instance.log_dir})"
+                    raise ServerError(f"TorchServe exited on its own{where}"
+                                      f"{frontend_exit_reason(instance, output_start)}")
             stop_started = time.monotonic()
             health.draining.set()
             on_event(f"stopping: readiness false, serving for {options.drain_delay_s:g} s more")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +74,15 @@ def refused(result: object) -> ClientError:
     """A decode outcome that must be a refusal."""
     assert isinstance(result, ClientError), result
     return result
+
+
+@cache
+def slow_png(width: int = 3000, height: int = 2000) -> bytes:
+    """A PNG of a gradient, 6 MP by default: about 20 KB to send, but a full decode (PNG has no
+    reduced-scale one, unlike a JPEG) and a resize from 6 MP to compute, about 100 ms of a core.
+    A queue builds behind a worker busy with a few of them however slowly the client sends;
+    with large JPEGs, on a loaded machine, the worker could take them as fast as they arrived."""
+    gradient = np.linspace(0, 255, width, dtype=np.uint8)[None, :, None].repeat(height, 0).repeat(3, 2)
+    encoded = io.BytesIO()
+    Image.fromarray(gradient).save(encoded, "PNG")
+    return encoded.getvalue()

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import requests
 
-from tests.images import CAT_LABELS
+from tests.images import CAT_LABELS, slow_png
 
 _local = threading.local()
 T = TypeVar("T")
@@ -43,13 +43,18 @@ def concurrently(calls: Sequence[Callable[[], T]], clients: int) -> list[T]:
 
 
 def burst_with_one_bad_upload(send: Callable[[bytes, dict[str, str]], requests.Response],
-                              photo: bytes) -> list[requests.Response]:
+                              photo: bytes, keep_busy: int = 4) -> list[requests.Response]:
     """15 concurrent requests of `photo` asking top_k 1, 2, 3 in turn, with one that is not an
     image among them: each answered with its own top_k, the bad one refused alone (400
-    NotAnImage). Returns every reply, the refused one last."""
+    NotAnImage). Sent right after `keep_busy` slow PNGs (tests.images.slow_png, answered 200),
+    which keep a worker busy while the burst arrives, so that it queues and shares batches
+    however slowly the client uploads. Returns every reply of the burst, the refused one last."""
     calls = [partial(send, photo, {"X-Top-K": str(k)}) for k in (1, 2, 3) * 5]
     calls.insert(7, partial(send, b"not an image", {"X-Top-K": "1"}))
-    answers = concurrently(calls, len(calls))
+    with ThreadPoolExecutor(max_workers=max(keep_busy, 1)) as pool:
+        busy = [pool.submit(send, slow_png(), {}) for _ in range(keep_busy)]
+        answers = concurrently(calls, len(calls))
+        assert [reply.result().status_code for reply in busy] == [200] * keep_busy
     bad = answers.pop(7)
     assert bad.status_code == 400 and bad.json()["type"] == "NotAnImage", bad.text
     assert [a.status_code for a in answers] == [200] * 15

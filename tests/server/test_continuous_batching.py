@@ -73,7 +73,8 @@ def test_a_lone_request_is_answered_alone(continuous_server):
 
 
 def test_concurrent_requests_share_batches_and_a_bad_upload_fails_only_itself(continuous_server):
-    """12 MP photos: each batch takes long enough that the requests behind it queue."""
+    """Sent while slow PNGs keep the worker busy, the burst queues behind them and shares
+    batches; each gets its own answer and options; a bad upload among them fails alone."""
     replies = burst_with_one_bad_upload(lambda body, headers: post(continuous_server, body, headers),
                                         benchmark_jpeg("phone"))
     assert max(int(a.headers["X-Batch-Size"]) for a in replies) > 1

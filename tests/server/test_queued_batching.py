@@ -9,22 +9,19 @@ while its batch runs gets its answer; a bad header is a 400 for that request alo
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache, partial
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 import requests
-from PIL import Image
 
-from tests.images import CAT_LABELS, photo_bytes
+from tests.images import CAT_LABELS, photo_bytes, slow_png
 from tests.server.http_client import burst_with_one_bad_upload, concurrently
 from tests.server.logs import log_lines, wait_for_log
 from tests.server.servers import started_server
@@ -72,18 +69,6 @@ def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIns
         yield server
 
 
-@cache
-def slow_png(width: int = 3000, height: int = 2000) -> bytes:
-    """A PNG of a gradient, 6 MP by default: about 20 KB to send, but a full decode (PNG has no
-    reduced-scale one, unlike a JPEG) and a resize from 6 MP to compute, about 100 ms of a core.
-    A queue builds behind a worker busy with a few of them however slowly the client sends;
-    with large JPEGs, on a loaded machine, the worker could take them as fast as they arrived."""
-    gradient = np.linspace(0, 255, width, dtype=np.uint8)[None, :, None].repeat(height, 0).repeat(3, 2)
-    encoded = io.BytesIO()
-    Image.fromarray(gradient).save(encoded, "PNG")
-    return encoded.getvalue()
-
-
 def post(server: TorchServeInstance, body: bytes, version: str = QUEUED,
          headers: dict[str, str] | None = None, timeout_s: float = 60) -> requests.Response:
     return requests.post(f"{server.inference_url}/predictions/{MODEL}/{version}", data=body,
@@ -120,8 +105,8 @@ def test_a_lone_request_runs_at_once_whatever_the_batch_delay(queued_server):
 
 
 def test_requests_queued_behind_a_busy_worker_share_its_next_batch(queued_server):
-    """12 MP photos: each batch takes long enough that the requests behind it queue. Each gets
-    its own answer and options; a bad upload among them fails alone."""
+    """Sent while slow PNGs keep the worker busy, the burst queues behind them and shares its
+    next batches. Each gets its own answer and options; a bad upload among them fails alone."""
     replies = burst_with_one_bad_upload(lambda body, headers: post(queued_server, body, headers=headers),
                                         benchmark_jpeg("phone"))
     batch_sizes = [int(a.headers["X-Batch-Size"]) for a in replies]

@@ -298,3 +298,7 @@ def test_the_rehearsal_reads_the_balancers_changes_of_its_rotation_from_its_warn
         "no pod in the rotation",
         "pod1 UP: Layer7 check passed, code: 200, check duration: 1ms"]
     assert log.since(time.perf_counter() + 1) == []
+    # a wait for the balancer that times out says what HAProxy said last, whatever it was
+    said = str(log.error("timed out waiting for HAProxy to see every pod"))
+    assert said.startswith("timed out waiting") and "haproxy version is 2.6.12" in said
+    assert "backend 'pods' has no server available!" in said

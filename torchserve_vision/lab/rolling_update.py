@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -120,18 +120,25 @@ class BalancerLog:
 
     def __init__(self, stderr: IO[bytes]) -> None:
         self.changes: list[tuple[float, str]] = []
+        self.last_lines: deque[str] = deque(maxlen=20)    # of its stderr, whatever they say
         self.thread = threading.Thread(target=self.read, args=(stderr,), daemon=True)
         self.thread.start()
 
     def read(self, stderr: IO[bytes]) -> None:
         for raw in stderr:
             line = raw.decode(errors="replace")
+            self.last_lines.append(line.rstrip())
             found = SERVER_STATE_LINE.search(line)
             if found:
                 reason = f": {found['reason'].strip()}" if found["reason"] else ""
                 self.changes.append((time.perf_counter(), f"{found['pod']} {found['state']}{reason}"))
             elif "has no server available" in line:
                 self.changes.append((time.perf_counter(), "no pod in the rotation"))
+
+    def error(self, message: str) -> PodError:
+        """A PodError for `message` that says what HAProxy said last (why a pod is out)."""
+        said = "\n".join(self.last_lines) or "nothing"
+        return PodError(f"{message}; HAProxy's last lines:\n{said}")
 
     def since(self, started: float) -> list[str]:
         """The changes read so far, timed from `started` (time.perf_counter())."""
@@ -203,7 +210,7 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
             assert balancer.stderr is not None
             balancer_log = BalancerLog(balancer.stderr)
             wait_until(lambda: servers_up(stats_port) == pod_count, 30, "HAProxy to see every pod",
-                       interval_s=0.05, error=PodError)
+                       interval_s=0.05, error=balancer_log.error)
             on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
             plan = [(pod, graceful) for pod in pods[:roll_count]]
             plan += [(pods[0], False)] if stock_stop_after else []
@@ -256,7 +263,7 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
             pod.start()
             pod.wait_ready()
             wait_until(lambda: servers_up(stats_port) == len(pods), 30, f"HAProxy to take {pod.name} back",
-                       interval_s=0.05, error=PodError)
+                       interval_s=0.05, error=balancer_log.error if balancer_log else PodError)
             steps.append(PodStep(pod.name, graceful, code, stop_s, time.monotonic() - restarted,
                                  stopped_at, time.perf_counter() - started))
             on_step(f"{pod.name}: exit {code} {stop_s:.1f} s after the stop; back in rotation after "

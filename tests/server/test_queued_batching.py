@@ -38,8 +38,9 @@ QUEUED, DELAYED, WITH_DEADLINE, PRIORITIES = "1.0-queued", "1.0-delayed", "1.0-d
 AN_HOUR_MS = 3_600_000
 MODEL_DEADLINE_MS = 10        # less than one large photo takes
 # Slow PNGs sent at once to keep one worker busy while more than a batch queues behind it (see
-# slow_png): 16 for the deadline test (a batch and a full one queued), 24 for the priority test.
-SLOW_BUSY, SLOW_BUSY_FOR_PRIORITY = 16, 24
+# slow_png): 16 for the deadline test (a batch and a full one queued), 32 for the priority test
+# (16 queued while up to two batches of 8 were taken).
+SLOW_BUSY, SLOW_BUSY_FOR_PRIORITY = 16, 32
 EXPIRED = "ts_requests_expired_total"
 SHED_FOR_PRIORITY = "ts_requests_shed_for_priority_total"
 

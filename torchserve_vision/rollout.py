@@ -164,11 +164,11 @@ def smoke_test(client: TorchServeClient, model: str, version: str, image: bytes,
 
 # --- rollout and rollback -------------------------------------------------------------------
 @contextmanager
-def interrupts_ignored() -> Iterator[None]:
-    """Ctrl-C is ignored while an undo runs, so an impatient second Ctrl-C cannot leave the
-    server half restored (only possible in the main thread; elsewhere this does nothing)."""
+def sigint_handled_by(handler: Any) -> Iterator[None]:
+    """SIGINT handled by `handler` for the block, then the handler before again (only possible
+    in the main thread; elsewhere this does nothing)."""
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = signal.signal(signal.SIGINT, handler)
     except ValueError:  # not the main thread
         yield
         return
@@ -179,20 +179,23 @@ def interrupts_ignored() -> Iterator[None]:
 
 
 @contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """Ctrl-C is ignored while an undo runs, so an impatient second Ctrl-C cannot leave the
+    server half restored (only possible in the main thread; elsewhere this does nothing)."""
+    with sigint_handled_by(signal.SIG_IGN):
+        yield
+
+
+@contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Ctrl-C during the block takes effect as the block ends, so that a change and its record
     (a canary step and its history entry) happen together or not at all. Nested blocks defer to
     the outermost; only possible in the main thread (elsewhere this does nothing)."""
     received: list[int] = []
     try:
-        previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
+        with sigint_handled_by(lambda number, frame: received.append(number)):
+            yield
     finally:
-        signal.signal(signal.SIGINT, previous)
         if received:
             signal.raise_signal(signal.SIGINT)   # to the handler before: raises, records or ignores
 

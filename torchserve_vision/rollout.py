@@ -261,8 +261,10 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
             and current["modelVersion"] == new_version:
         log(f"{plan.model} {new_version} became the default in an earlier run that stopped "
             "half-way: finishing it")
-        retire_old(client, plan, old_version, log)
-        return intent if client.dry_run or journal is None else journal.end(pending, "done")
+        drain_old(client, plan, old_version)
+        with interrupts_deferred():     # the old version goes and the entry says done together
+            unregister_old(client, plan, old_version, log)
+            return intent if client.dry_run or journal is None else journal.end(pending, "done")
     if registered is not None:
         check_resumable(plan, registered, old_version)
         if pending is not None and pending.to_archive_sha256 not in (None, digest):
@@ -282,19 +284,36 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
              answer_reader(manifest), log,
              registered=registered is not None)
     except (ManagementError, RolloutError, KeyboardInterrupt) as error:
-        problems = [] if client.dry_run else undo(client, plan.model, new_version, old_version, log)
-        if journal is not None and intent.state == "started" and not problems:
-            journal.end(intent, "undone")
-        state = f"; undo incomplete: {'; '.join(problems)}" if problems else \
-            f" ({plan.model} {old_version} is the default)" if old_version else ""
-        if isinstance(error, KeyboardInterrupt):
-            raise RolloutInterrupted(f"rollout of {plan.model} {new_version} was interrupted and "
-                                     f"undone{state}") from None
-        raise RolloutError(f"rollout of {plan.model} {new_version} failed and was undone{state}: "
-                           f"{error}") from None
-    if journal is not None and intent.state == "started":
-        return journal.end(intent, "done")
-    return replace(intent, time=now_text())
+        raise undone(client, plan.model, new_version, old_version, intent, journal, log,
+                     error) from None
+    # Once the old version is unregistered there is no undoing: a Ctrl-C from here on takes
+    # effect after the entry says done (before, one that landed between the two left it
+    # `started` with the rollout complete, and an undo that could not restore the old default).
+    with interrupts_deferred():
+        try:
+            unregister_old(client, plan, old_version, log)
+        except ManagementError as error:
+            raise undone(client, plan.model, new_version, old_version, intent, journal, log,
+                         error) from None
+        if journal is not None and intent.state == "started":
+            return journal.end(intent, "done")
+        return replace(intent, time=now_text())
+
+
+def undone(client: TorchServeClient, model: str, new_version: str, old_version: str | None,
+           intent: HistoryEntry, journal: Journal | None, log: Log,
+           error: Exception | KeyboardInterrupt) -> RolloutError:
+    """Undo a rollout that failed or was interrupted (`undo`), record it undone when the undo
+    was complete, and return the error that says so (RolloutInterrupted for a Ctrl-C)."""
+    problems = [] if client.dry_run else undo(client, model, new_version, old_version, log)
+    if journal is not None and intent.state == "started" and not problems:
+        journal.end(intent, "undone")
+    state = f"; undo incomplete: {'; '.join(problems)}" if problems else \
+        f" ({model} {old_version} is the default)" if old_version else ""
+    if isinstance(error, KeyboardInterrupt):
+        return RolloutInterrupted(f"rollout of {model} {new_version} was interrupted and "
+                                  f"undone{state}")
+    return RolloutError(f"rollout of {model} {new_version} failed and was undone{state}: {error}")
 
 
 def checked_manifest(store: Path, archive: str, model: str) -> dict[str, Any]:
@@ -338,7 +357,8 @@ def check_resumable(plan: RolloutPlan, registered: dict[str, Any], old_version: 
 def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_version: str | None,
          reference: Any | None, top_label: Callable[[Any], str | None], log: Log,
          registered: bool = False) -> None:
-    """The rollout's steps, from register to unregistering the old version (see `rollout`);
+    """The rollout's steps that can be undone, from register to the old version drained (see
+    `rollout`);
     `registered`: an earlier run registered the new version already."""
     settings = plan.settings
     if not registered:
@@ -352,21 +372,30 @@ def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_vers
                top_label)
     client.set_default(plan.model, new_version)
     log(f"{plan.model} {new_version} is the default")
-    retire_old(client, plan, old_version, log)
+    drain_old(client, plan, old_version)
 
 
-def retire_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | None,
-               log: Log) -> None:
-    """Once the new version is the default: wait until the old one has no request queued or in
-    a batch (`wait_for_drain`), then unregister it (unless the plan keeps it, or it is gone
+def retiring(client: TorchServeClient, plan: RolloutPlan, old_version: str | None) -> bool:
+    """Whether the rollout unregisters the old version: unless the plan keeps it, or it is gone
+    already."""
+    return old_version is not None and not plan.keep_old and \
+        any(v["modelVersion"] == old_version for v in versions_of(client, plan.model))
+
+
+def drain_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | None) -> None:
+    """Once the new version is the default: wait until the old one, if it is to be unregistered,
+    has no request queued or in a batch (`wait_for_drain`)."""
+    if old_version is not None and retiring(client, plan, old_version):
+        wait_for_drain(client, plan.model, old_version, plan.drain_timeout_s, plan.drain_grace_s)
+
+
+def unregister_old(client: TorchServeClient, plan: RolloutPlan, old_version: str | None,
+                   log: Log) -> None:
+    """Once it has drained, unregister the old version (unless the plan keeps it, or it is gone
     already)."""
-    if old_version is None or plan.keep_old:
-        return
-    if not any(v["modelVersion"] == old_version for v in versions_of(client, plan.model)):
-        return
-    wait_for_drain(client, plan.model, old_version, plan.drain_timeout_s, plan.drain_grace_s)
-    client.unregister(plan.model, old_version)
-    log(f"unregistered {plan.model} {old_version}")
+    if old_version is not None and retiring(client, plan, old_version):
+        client.unregister(plan.model, old_version)
+        log(f"unregistered {plan.model} {old_version}")
 
 
 def settings_text(settings: ServingSettings) -> str:
@@ -419,8 +448,8 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
         from_settings=before, time=now_text(), server=server_identity(client, model, version))
     if journal is not None and pending is None and not client.dry_run:
         intent = journal.begin(intent)
-    client.scale(model, version, low, high)
     try:
+        client.scale(model, version, low, high)
         wait_for_workers(client, model, version, low,
                          timeout_s or after.startup_timeout_s + WORKERS_DEADLINE_MARGIN_S)
     except (RolloutError, KeyboardInterrupt) as error:
@@ -430,10 +459,11 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
                 journal.end(intent, "undone")
         raise RolloutError(f"scaling {model} {version} to {low} workers failed and was undone "
                            f"(workers {before.min_workers}/{before.max_workers} again): {error!r}") from None
-    log(f"{model} {version}: workers min {low} / max {high}")
-    if journal is not None and intent.state == "started":
-        return journal.end(intent, "done")
-    return intent
+    with interrupts_deferred():     # the workers are there: a Ctrl-C comes after the entry says so
+        log(f"{model} {version}: workers min {low} / max {high}")
+        if journal is not None and intent.state == "started":
+            return journal.end(intent, "done")
+        return intent
 
 
 def rollback(client: TorchServeClient, model: str, journal: Journal, store: Path,

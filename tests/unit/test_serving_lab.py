@@ -7,6 +7,8 @@ import base64
 import io
 import json
 import shutil
+import socket
+import subprocess
 import time
 import zipfile
 from collections import Counter
@@ -17,6 +19,7 @@ from PIL import Image
 
 from handlers.drift.drift_profile import DriftProfile
 from torchserve_vision import paths
+from torchserve_vision.front_proxy import haproxy_binary
 from torchserve_vision.lab import detector_parts
 from torchserve_vision.lab.batch_model import (
     MAX_UTILISATION,
@@ -39,12 +42,19 @@ from torchserve_vision.lab.loadgen import (
     run_open_loop,
     summarize,
 )
-from torchserve_vision.lab.rolling_update import BalancerLog, rolled_config
+from torchserve_vision.lab.pods import PodError
+from torchserve_vision.lab.rolling_update import (
+    BalancerLog,
+    haproxy_config,
+    pods_in_rotation,
+    rolled_config,
+)
 from torchserve_vision.lab.sweep import SweepPoint, choose_operating_point, write_results
 from torchserve_vision.lab.tune import update_models_yaml
 from torchserve_vision.photo_sets import PhotoSetError, project_photos, variant_jpegs
 from torchserve_vision.photos import photo_path
-from torchserve_vision.torchserve_config import read_properties, server_config
+from torchserve_vision.torchserve_config import free_ports, read_properties, server_config
+from torchserve_vision.waiting import wait_until
 
 
 def test_percentiles_interpolate_between_ranks():
@@ -302,3 +312,28 @@ def test_the_rehearsal_reads_the_balancers_changes_of_its_rotation_from_its_warn
     said = str(log.error("timed out waiting for HAProxy to see every pod"))
     assert said.startswith("timed out waiting") and "haproxy version is 2.6.12" in said
     assert "backend 'pods' has no server available!" in said
+
+
+def test_a_wait_for_a_balancer_that_exited_ends_at_once_with_what_it_said(tmp_path):
+    """lab rolling-update: HAProxy that cannot bind its port exits; the wait for its rotation
+    ends with its exit status and its alert, not 30 s later with a time-out."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (stats_port,) = free_ports(1)
+        (tmp_path / "haproxy.cfg").write_text(haproxy_config(port, [], stats_port))
+        balancer = subprocess.Popen([haproxy_binary(), "-db", "-f", str(tmp_path / "haproxy.cfg")],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert balancer.stderr is not None
+        log = BalancerLog(balancer.stderr, balancer)
+        try:
+            with pytest.raises(PodError) as raised:
+                wait_until(lambda: pods_in_rotation(stats_port, log) == 2, 30, "HAProxy to see every pod",
+                           interval_s=0.05, error=log.error)
+        finally:
+            balancer.kill()
+            balancer.wait()
+    said = str(raised.value)
+    assert said.startswith(f"HAProxy exited with status {balancer.returncode}")
+    assert "cannot bind socket" in said and f"127.0.0.1:{port}" in said, said

@@ -116,9 +116,10 @@ SERVER_STATE_LINE = re.compile(
 
 class BalancerLog:
     """HAProxy's changes of its rotation, read from its stderr as they come, each with the
-    time.perf_counter() it was read at."""
+    time.perf_counter() it was read at; `process`: HAProxy's, when it is to be watched."""
 
-    def __init__(self, stderr: IO[bytes]) -> None:
+    def __init__(self, stderr: IO[bytes], process: subprocess.Popen[bytes] | None = None) -> None:
+        self.process = process
         self.changes: list[tuple[float, str]] = []
         self.last_lines: deque[str] = deque(maxlen=20)    # of its stderr, whatever they say
         self.thread = threading.Thread(target=self.read, args=(stderr,), daemon=True)
@@ -134,6 +135,13 @@ class BalancerLog:
                 self.changes.append((time.perf_counter(), f"{found['pod']} {found['state']}{reason}"))
             elif "has no server available" in line:
                 self.changes.append((time.perf_counter(), "no pod in the rotation"))
+
+    def check_running(self) -> None:
+        """PodError, with what HAProxy said last, once its process has exited (a port it could
+        not bind, a config it refused): a wait for it then ends at once, not at its time-out."""
+        if self.process is not None and self.process.poll() is not None:
+            self.thread.join(timeout=5)        # its last lines
+            raise self.error(f"HAProxy exited with status {self.process.returncode}")
 
     def error(self, message: str) -> PodError:
         """A PodError for `message` that says what HAProxy said last (why a pod is out)."""
@@ -172,6 +180,14 @@ backend pods
 """
 
 
+def pods_in_rotation(stats_port: int, balancer_log: BalancerLog | None) -> int:
+    """How many pods HAProxy has in its rotation (-1: it does not answer); PodError once it has
+    exited."""
+    if balancer_log is not None:
+        balancer_log.check_running()
+    return servers_up(stats_port)
+
+
 def servers_up(stats_port: int) -> int:
     try:
         return int(requests.get(f"http://127.0.0.1:{stats_port}/", timeout=2).text.strip())
@@ -197,19 +213,20 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
         pods = [Pod(f"pod{index}", server_config(root / f"pod{index}", model_store, config, **overrides),
                     root / f"pod{index}" / "run", model_store, drain_delay_s=drain_delay_s)
                 for index in range(pod_count)]
-        port, stats_port = free_ports(2)
-        (root / "haproxy.cfg").write_text(haproxy_config(port, pods, stats_port))
         balancer: subprocess.Popen[bytes] | None = None
         try:
             for pod in pods:
                 pod.start()
             for pod in pods:
                 pod.wait_ready()
+            port, stats_port = free_ports(2)     # just before HAProxy binds them
+            (root / "haproxy.cfg").write_text(haproxy_config(port, pods, stats_port))
             balancer = subprocess.Popen([haproxy_binary(), "-db", "-f", str(root / "haproxy.cfg")],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             assert balancer.stderr is not None
-            balancer_log = BalancerLog(balancer.stderr)
-            wait_until(lambda: servers_up(stats_port) == pod_count, 30, "HAProxy to see every pod",
+            balancer_log = BalancerLog(balancer.stderr, balancer)
+            wait_until(lambda: pods_in_rotation(stats_port, balancer_log) == pod_count, 30,
+                       "HAProxy to see every pod",
                        interval_s=0.05, error=balancer_log.error)
             on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
             plan = [(pod, graceful) for pod in pods[:roll_count]]
@@ -262,7 +279,8 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
             pod.config = (rolled_configs or {}).get(pod.name, pod.config)
             pod.start()
             pod.wait_ready()
-            wait_until(lambda: servers_up(stats_port) == len(pods), 30, f"HAProxy to take {pod.name} back",
+            wait_until(lambda: pods_in_rotation(stats_port, balancer_log) == len(pods), 30,
+                       f"HAProxy to take {pod.name} back",
                        interval_s=0.05, error=balancer_log.error if balancer_log else PodError)
             steps.append(PodStep(pod.name, graceful, code, stop_s, time.monotonic() - restarted,
                                  stopped_at, time.perf_counter() - started))

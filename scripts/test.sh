@@ -3,11 +3,13 @@
 # Arguments go to pytest, e.g. `bash scripts/test.sh tests/unit -m "not slow"` (the fast tier).
 # The tests run in two processes (pytest-xdist; a module's tests stay in one, with its servers;
 # the modules are handed out in tests/conftest.py's order, the longest first);
-# `-n 0` after them runs everything in this one (docs/testing.md).
+# `-n 0` after them runs everything in this one (docs/testing.md). A worker process that crashes
+# (a native abort) fails its test and ends the run: pytest-xdist 3.8's replacement worker under
+# loadfile can wait forever for work (pytest-xdist issues 784, 1323, 1378).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/torchserve-vision build --check-config
-.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
+.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart 0 "$@"

@@ -17,6 +17,7 @@ after; torchserve_vision.rollout_history), so `models rollback` undoes the steps
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -284,6 +285,7 @@ class RequestLog:
         self.records: list[AnsweredRequest] = []
         self.lock = threading.Lock()
         self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.closing = threading.Event()
         self.thread = threading.Thread(target=self.receive, daemon=True)
 
     def __enter__(self) -> RequestLog:
@@ -295,10 +297,12 @@ class RequestLog:
     def receive(self) -> None:
         while True:
             try:
-                line = self.connection.recv(4096).decode(errors="replace")
+                data = self.connection.recv(4096)
             except OSError:
                 return
-            record = parse_request_line(line)
+            if not data and self.closing.is_set():
+                return                           # woken by the shutdown in __exit__
+            record = parse_request_line(data.decode(errors="replace"))
             if record is not None:
                 with self.lock:
                     self.records.append(record)
@@ -310,6 +314,12 @@ class RequestLog:
         return taken
 
     def __exit__(self, *exc: object) -> None:
+        # close() alone would leave the thread blocked in recv() for good (one thread per block
+        # left behind); shutdown() wakes it with an empty read.
+        self.closing.set()
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+        self.thread.join(timeout=5)
         self.connection.close()
         self.path.unlink(missing_ok=True)
 

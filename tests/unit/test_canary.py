@@ -3,15 +3,19 @@ each side's figures over a window, and the gates."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from torchserve_vision.canary import (
     AnsweredRequest,
     Gates,
+    RequestLog,
     SideStats,
     gate_failures,
     parse_request_line,
 )
+from torchserve_vision.waiting import wait_until
 
 
 def test_a_request_log_line_says_which_side_answered():
@@ -19,6 +23,24 @@ def test_a_request_log_line_says_which_side_answered():
     assert parse_request_line("m - 503 4") == AnsweredRequest("m", None, 503, 4.0)
     assert parse_request_line("- - 200 1") is None          # not a model's default version
     assert parse_request_line("m 2.0 two 1") is None and parse_request_line("") is None
+
+
+def test_the_request_log_receives_the_fronts_lines_and_its_thread_ends_with_the_block(tmp_path):
+    """Lines sent to the log's socket as HAProxy sends them (one datagram each, an empty one
+    ignored); when the block ends its receiving thread ends too, its socket file is gone."""
+    with RequestLog(tmp_path) as log, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as front:
+        for line in (b"m 2.0 200 17\n", b"", b"m - 503 4\n"):
+            front.sendto(line, str(log.path))
+        taken: list[AnsweredRequest] = []
+
+        def both_logged() -> bool:
+            taken.extend(log.take())
+            return len(taken) == 2
+
+        wait_until(both_logged, 10, "two logged requests", interval_s=0.01)
+        assert log.thread.is_alive()
+    assert taken == [AnsweredRequest("m", "2.0", 200, 17.0), AnsweredRequest("m", None, 503, 4.0)]
+    assert not log.thread.is_alive() and not log.path.exists()
 
 
 def test_side_figures_count_every_non_2xx_as_a_failure():

@@ -287,8 +287,8 @@ def rollout(client: TorchServeClient, plan: RolloutPlan, store: Path, log: Log,
         raise undone(client, plan.model, new_version, old_version, intent, journal, log,
                      error) from None
     # Once the old version is unregistered there is no undoing: a Ctrl-C from here on takes
-    # effect after the entry says done (before, one that landed between the two left it
-    # `started` with the rollout complete, and an undo that could not restore the old default).
+    # effect after the entry says done, so a complete rollout is never left recorded `started`
+    # and no undo tries to restore a default that is gone.
     with interrupts_deferred():
         try:
             unregister_old(client, plan, old_version, log)
@@ -358,8 +358,7 @@ def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_vers
          reference: Any | None, top_label: Callable[[Any], str | None], log: Log,
          registered: bool = False) -> None:
     """The rollout's steps that can be undone, from register to the old version drained (see
-    `rollout`);
-    `registered`: an earlier run registered the new version already."""
+    `rollout`); `registered`: an earlier run registered the new version already."""
     settings = plan.settings
     if not registered:
         log(f"registering {plan.archive} as {plan.model} {new_version}")

@@ -9,9 +9,11 @@ import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import zipfile
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -42,9 +44,10 @@ from torchserve_vision.lab.loadgen import (
     run_open_loop,
     summarize,
 )
-from torchserve_vision.lab.pods import PodError
+from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.lab.rolling_update import (
     BalancerLog,
+    balancer_wait_error,
     haproxy_config,
     pods_in_rotation,
     rolled_config,
@@ -337,3 +340,40 @@ def test_a_wait_for_a_balancer_that_exited_ends_at_once_with_what_it_said(tmp_pa
     said = str(raised.value)
     assert said.startswith(f"HAProxy exited with status {balancer.returncode}")
     assert "cannot bind socket" in said and f"127.0.0.1:{port}" in said, said
+
+
+class NotReadyProbe(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"ready": False, "reason": "efficientnet_lite0: 0 of 1 workers READY"}).encode()
+        self.send_response(503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_wait_for_the_balancer_that_times_out_says_what_each_pods_readiness_answers(tmp_path):
+    """lab rolling-update: with HAProxy's last lines, the time-out names each pod's own answer
+    to GET /ready (its reason, or none), so a pod that is not ready is told from a slow check."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotReadyProbe)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    (nothing_there,) = free_ports(1)
+    pods = [Pod(name, tmp_path, tmp_path, tmp_path, probe_port=port)
+            for name, port in (("pod0", server.server_address[1]), ("pod1", nothing_there))]
+    try:
+        log = BalancerLog(io.BytesIO(b"[WARNING]  (41) : Server pods/pod0 is DOWN, reason: Layer7 "
+                                     b"wrong status, code: 503\n"))
+        log.thread.join(timeout=10)
+        said = str(balancer_wait_error(pods, log)("timed out after 30 s waiting for HAProxy"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert said.startswith("timed out after 30 s waiting for HAProxy (pod0 /ready 503 "
+                           '{"ready": false, "reason": "efficientnet_lite0: 0 of 1 workers READY"} in ')
+    assert "; pod1 /ready no answer {} in " in said
+    assert said.endswith("HAProxy's last lines:\n[WARNING]  (41) : Server pods/pod0 is DOWN, reason: "
+                         "Layer7 wrong status, code: 503")
+    without_log = str(balancer_wait_error(pods[1:], None)("timed out"))
+    assert without_log.startswith("timed out (pod1 /ready no answer")

@@ -188,6 +188,26 @@ def pods_in_rotation(stats_port: int, balancer_log: BalancerLog | None) -> int:
     return servers_up(stats_port)
 
 
+def balancer_wait_error(pods: list[Pod], balancer_log: BalancerLog | None) -> Callable[[str], PodError]:
+    """The error of a wait for HAProxy that timed out: what each pod's readiness probe answers
+    now (and how fast: HAProxy gives a check 250 ms), then what HAProxy said last."""
+    def error(message: str) -> PodError:
+        message = f"{message} ({pods_readiness(pods)})"
+        return balancer_log.error(message) if balancer_log is not None else PodError(message)
+    return error
+
+
+def pods_readiness(pods: list[Pod]) -> str:
+    """Each pod's GET /ready now: status, body and milliseconds ("no answer" when none came)."""
+    answers = []
+    for pod in pods:
+        started = time.perf_counter()
+        status, body = pod.probe("/ready")
+        answers.append(f"{pod.name} /ready {status or 'no answer'} {json.dumps(body)} in "
+                       f"{1000 * (time.perf_counter() - started):.0f} ms")
+    return "; ".join(answers)
+
+
 def servers_up(stats_port: int) -> int:
     try:
         return int(requests.get(f"http://127.0.0.1:{stats_port}/", timeout=2).text.strip())
@@ -226,8 +246,8 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
             assert balancer.stderr is not None
             balancer_log = BalancerLog(balancer.stderr, balancer)
             wait_until(lambda: pods_in_rotation(stats_port, balancer_log) == pod_count, 30,
-                       "HAProxy to see every pod",
-                       interval_s=0.05, error=balancer_log.error)
+                       "HAProxy to see every pod", interval_s=0.05,
+                       error=balancer_wait_error(pods, balancer_log))
             on_step(f"{pod_count} pods ready behind HAProxy on 127.0.0.1:{port}")
             plan = [(pod, graceful) for pod in pods[:roll_count]]
             plan += [(pods[0], False)] if stock_stop_after else []
@@ -280,8 +300,8 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
             pod.start()
             pod.wait_ready()
             wait_until(lambda: pods_in_rotation(stats_port, balancer_log) == len(pods), 30,
-                       f"HAProxy to take {pod.name} back",
-                       interval_s=0.05, error=balancer_log.error if balancer_log else PodError)
+                       f"HAProxy to take {pod.name} back", interval_s=0.05,
+                       error=balancer_wait_error(pods, balancer_log))
             steps.append(PodStep(pod.name, graceful, code, stop_s, time.monotonic() - restarted,
                                  stopped_at, time.perf_counter() - started))
             on_step(f"{pod.name}: exit {code} {stop_s:.1f} s after the stop; back in rotation after "

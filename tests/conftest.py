@@ -12,6 +12,8 @@ import fcntl
 import multiprocessing
 import os
 import shutil
+import signal
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -163,6 +165,16 @@ def shared_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory under it), the session's own directory without them."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in the test, whatever this process inherited (a job started
+    in the background of a shell without job control inherits SIGINT ignored)."""
+    from torchserve_vision.rollout import sigint_handled_by
+
+    with sigint_handled_by(signal.default_int_handler):
+        yield
 
 
 @pytest.fixture(scope="session")

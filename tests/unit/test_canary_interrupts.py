@@ -6,13 +6,12 @@ the request log socket and the signals are real."""
 
 from __future__ import annotations
 
-import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.ctrl_c import interrupt_now
 from torchserve_vision import canary
 from torchserve_vision.canary import CanaryError, Gates, change_split, walk_canary
 from torchserve_vision.model_descriptions import ServingSettings
@@ -22,17 +21,7 @@ from torchserve_vision.rollout_history import CanarySplit, ChangeState, HistoryE
 MODEL, CANDIDATE = "m", "2.0"
 
 
-@pytest.fixture(autouse=True)
-def ctrl_c_raises() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt here, whatever this process inherited (a job started in
-    the background of a shell without job control inherits it ignored)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
-def interrupt_now() -> None:
-    os.kill(os.getpid(), signal.SIGINT)
+pytestmark = pytest.mark.usefixtures("ctrl_c_raises")
 
 
 def test_a_ctrl_c_inside_a_deferred_block_is_raised_as_it_ends():

@@ -8,15 +8,13 @@ tests/server/test_rollouts.py."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.ctrl_c import interrupt_now
 from torchserve_vision.client import ManagementError
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout import RolloutError, RolloutInterrupted, RolloutPlan, rollout, scale
@@ -26,17 +24,7 @@ MODEL = "m"
 SETTINGS = ServingSettings(4, 0, 1, 1, 60)
 
 
-@pytest.fixture(autouse=True)
-def ctrl_c_raises() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt here, whatever this process inherited (a job started in
-    the background of a shell without job control inherits it ignored)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
-def interrupt_now() -> None:
-    os.kill(os.getpid(), signal.SIGINT)     # Python runs the handler at once: between two lines
+pytestmark = pytest.mark.usefixtures("ctrl_c_raises")
 
 
 class FakeManagement:

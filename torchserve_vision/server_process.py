@@ -84,6 +84,12 @@ class TorchServeInstance:
         return self.run_dir / "logs"
 
     @property
+    def output_path(self) -> Path:
+        """TorchServe's own output (the launcher's and the JVM's), appended to by every start of
+        the run directory; unused when its logs go to standard output."""
+        return self.run_dir / "torchserve.out"
+
+    @property
     def traffic_dir(self) -> Path:
         """Where `models shadow` writes a model's shadow policy for its workers to read
         (handlers.shadow.shadow_policy)."""
@@ -249,7 +255,7 @@ def wait_until_healthy(instance: TorchServeInstance, timeout_s: float, expected_
 def output_end(instance: TorchServeInstance) -> int:
     """Where the next start's output will begin in torchserve.out (every start of a run
     directory appends to it)."""
-    output = instance.run_dir / "torchserve.out"
+    output = instance.output_path
     return output.stat().st_size if output.is_file() else 0
 
 
@@ -259,7 +265,7 @@ def frontend_exit_reason(instance: TorchServeInstance, output_start: int = 0, li
     standard output)."""
     if instance.log_to_stdout:
         return ": see its output above"
-    output = instance.run_dir / "torchserve.out"
+    output = instance.output_path
     text = ""
     if output.is_file():
         with output.open("rb") as written:
@@ -292,7 +298,7 @@ def start(instance: TorchServeInstance, model_store: Path | None = None,
     # the command returns: its console logs go where a container's logs are read.
     # As JSON lines, its output goes through a pipe that a thread here copies, wrapping the lines
     # that log4j2 does not write (the launcher's, the JVM's).
-    output_path = instance.run_dir / "torchserve.out"
+    output_path = instance.output_path
     output_start = output_end(instance)
     sys.stdout.flush()
     environment = instance.environment()

@@ -374,10 +374,10 @@ def swap(client: TorchServeClient, plan: RolloutPlan, new_version: str, old_vers
     drain_old(client, plan, old_version)
 
 
-def retiring(client: TorchServeClient, plan: RolloutPlan, old_version: str | None) -> bool:
+def retiring(client: TorchServeClient, plan: RolloutPlan, old_version: str) -> bool:
     """Whether the rollout unregisters the old version: unless the plan keeps it, or it is gone
     already."""
-    return old_version is not None and not plan.keep_old and \
+    return not plan.keep_old and \
         any(v["modelVersion"] == old_version for v in versions_of(client, plan.model))
 
 

@@ -42,8 +42,11 @@ def concurrently(calls: Sequence[Callable[[], T]], clients: int) -> list[T]:
         return list(pool.map(lambda call: call(), calls))
 
 
+BURST_REQUESTS, KEEP_BUSY = 16, 4     # burst_with_one_bad_upload's requests and slow PNGs
+
+
 def burst_with_one_bad_upload(send: Callable[[bytes, dict[str, str]], requests.Response],
-                              photo: bytes, keep_busy: int = 4) -> list[requests.Response]:
+                              photo: bytes, keep_busy: int = KEEP_BUSY) -> list[requests.Response]:
     """15 concurrent requests of `photo` asking top_k 1, 2, 3 in turn, with one that is not an
     image among them: each answered with its own top_k, the bad one refused alone (400
     NotAnImage). Sent right after `keep_busy` slow PNGs (tests.images.slow_png, answered 200),
@@ -51,13 +54,15 @@ def burst_with_one_bad_upload(send: Callable[[bytes, dict[str, str]], requests.R
     however slowly the client uploads. Returns every reply of the burst, the refused one last."""
     calls = [partial(send, photo, {"X-Top-K": str(k)}) for k in (1, 2, 3) * 5]
     calls.insert(7, partial(send, b"not an image", {"X-Top-K": "1"}))
+    assert len(calls) == BURST_REQUESTS
     with ThreadPoolExecutor(max_workers=max(keep_busy, 1)) as pool:
         busy = [pool.submit(send, slow_png(), {}) for _ in range(keep_busy)]
         answers = concurrently(calls, len(calls))
         assert [reply.result().status_code for reply in busy] == [200] * keep_busy
     bad = answers.pop(7)
     assert bad.status_code == 400 and bad.json()["type"] == "NotAnImage", bad.text
-    assert [a.status_code for a in answers] == [200] * 15
+    assert [a.status_code for a in answers] == [200] * 15, \
+        [(a.status_code, a.text[:200]) for a in answers if a.status_code != 200]
     assert [len(a.json()) for a in answers] == [1, 2, 3] * 5            # each its own top_k
     assert all(a.json()[0]["label"] in CAT_LABELS for a in answers)
     return [*answers, bad]

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.images import CAT_LABELS, photo_bytes
-from tests.server.http_client import burst_with_one_bad_upload, concurrently
+from tests.server.http_client import BURST_REQUESTS, KEEP_BUSY, burst_with_one_bad_upload, concurrently
 from tests.server.servers import started_server
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
@@ -23,7 +23,10 @@ from torchserve_vision.server_process import TorchServeInstance, ping
 
 pytestmark = pytest.mark.server
 MODEL, VERSION = "efficientnet_lite0", "1.0-cb"
-MAX_QUEUED = 16
+# Room for every request of the burst test (its slow PNGs and its burst) even while the worker
+# has taken none of them into a batch yet: with 16, a burst that arrived before the worker took
+# the PNGs had 2 of its requests refused 503 (a full queue, as it should be).
+MAX_QUEUED = KEEP_BUSY + BURST_REQUESTS
 # A version whose worker computes one request at a time and keeps one waiting: any three
 # requests in the worker at once overflow it, whatever the machine's speed (with 16 waiting
 # and batches of 8, 48 concurrent phone photos overflowed only when the worker was slower than

@@ -3,7 +3,9 @@ the installed TorchServe (the agent at work in a real frontend: tests/server/tes
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from torchserve_vision.frontend import agent
 
 
 @pytest.mark.slow
-def test_the_jar_holds_the_agent_and_hides_the_class_it_substitutes(tmp_path: Path):
+def test_the_jar_holds_the_agent_and_hides_the_classes_it_substitutes(tmp_path: Path):
     jar = agent.build_agent_jar(tmp_path / "agent.jar")
     with zipfile.ZipFile(jar) as archive:
         names = set(archive.namelist())
@@ -21,9 +23,47 @@ def test_the_jar_holds_the_agent_and_hides_the_class_it_substitutes(tmp_path: Pa
     assert "Premain-Class: torchserve_vision.frontend.Agent" in manifest
     assert "torchserve_vision/frontend/Agent.class" in names
     assert "replacement/ContinuousBatching.class.bin" in names
+    assert "replacement/ServerGroups.class.bin" in names
     # At its own name the class would lose to TorchServe's (the agent jar comes last on the path).
     assert not any(name.startswith("org/") for name in names)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def javap(target: str, classpath: str) -> str:
+    return subprocess.run([shutil.which("javap") or "javap", "-protected", "-cp", classpath, target],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def members(class_file: Path, frontend: Path) -> set[str]:
+    """The public and protected methods and fields `javap` lists for a class file, with those it
+    inherits from TorchServe's classes (a substitute may inherit what TorchServe's class
+    overrides), `throws` clauses left out (they are not part of what the JVM links)."""
+    listed = javap(str(class_file), str(class_file.parent))
+    found: set[str] = set()
+    while True:
+        found |= {line.strip().split(" throws ")[0].rstrip(";") for line in listed.splitlines()
+                  if line.startswith("  ")}
+        parent = re.search(r" extends (org\.pytorch\.\S+)", listed)
+        if parent is None:
+            return found
+        listed = javap(parent[1], str(frontend))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("compiled_name", "stored_name"), agent.REPLACEMENTS)
+def test_each_substitute_has_every_member_of_torchserves_class(tmp_path: Path, compiled_name: str,
+                                                               stored_name: str):
+    """The frontend calls TorchServe's class by its members: one missing from the substitute
+    would fail at run time (NoSuchMethodError), not when the agent is compiled."""
+    jar = agent.build_agent_jar(tmp_path / "agent.jar")
+    ours, theirs = tmp_path / "ours" / compiled_name, tmp_path / "theirs" / compiled_name
+    for target, source, name in ((ours, jar, stored_name), (theirs, agent.frontend_jar(), compiled_name)):
+        target.parent.mkdir(parents=True)
+        with zipfile.ZipFile(source) as archive:
+            target.write_bytes(archive.read(name))
+    expected = members(theirs, agent.frontend_jar())
+    assert any("(" in member for member in expected), expected
+    assert expected - members(ours, agent.frontend_jar()) == set()
 
 
 @pytest.mark.slow

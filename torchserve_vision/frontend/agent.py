@@ -5,8 +5,9 @@ that carries a digest of the sources and TorchServe's version (a change of eithe
 `scripts/setup.sh` and the container image build it (`python -m torchserve_vision.frontend.agent`);
 `torchserve-vision server` builds it on first use where `javac` is at hand, else says how.
 
-The jar holds the agent class and, under `replacement/`, the compiled class it substitutes
-(stored under another name, so that only the agent can hand it to the JVM).
+The jar holds the agent class and, under `replacement/`, the compiled classes it substitutes
+(TorchServe's `ContinuousBatching` and `ServerGroups`, stored under other names, so that only the
+agent can hand them to the JVM).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from torchserve_vision.errors import CommandError
 
 SOURCES = Path(__file__).parent
 AGENT_CLASS = "torchserve_vision.frontend.Agent"
-REPLACEMENT = ("org/pytorch/serve/wlm/ContinuousBatching.class", "replacement/ContinuousBatching.class.bin")
+REPLACEMENTS = (  # (TorchServe's class, where the jar stores the agent's substitute)
+    ("org/pytorch/serve/wlm/ContinuousBatching.class", "replacement/ContinuousBatching.class.bin"),
+    ("org/pytorch/serve/util/ServerGroups.class", "replacement/ServerGroups.class.bin"),
+)
 JAVA_RELEASE = "17"   # TorchServe 0.12's minimum; the runtime may be newer
 
 
@@ -83,12 +87,12 @@ def build_agent_jar(path: Path) -> Path:
 
 def write_jar(classes: Path, jar: Path) -> None:
     manifest = f"Manifest-Version: 1.0\nPremain-Class: {AGENT_CLASS}\n"
-    compiled_name, stored_name = REPLACEMENT
     with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("META-INF/MANIFEST.MF", manifest)
         for item in sorted((classes / "torchserve_vision").rglob("*.class")):
             archive.write(item, item.relative_to(classes).as_posix())
-        archive.write(classes / compiled_name, stored_name)
+        for compiled_name, stored_name in REPLACEMENTS:
+            archive.write(classes / compiled_name, stored_name)
 
 
 def java_agent_option() -> str:

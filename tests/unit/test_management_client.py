@@ -54,6 +54,23 @@ def test_key_file_expiry_reads_torchserves_nanosecond_timestamps(tmp_path):
     assert keys.key("API") == "c"
 
 
+def test_a_key_refresh_from_a_management_port_not_yet_bound_is_not_healthy(tmp_path):
+    """A starting frontend writes its key file before it binds the management port: a ping whose
+    key must be refreshed then is "not healthy yet" (False), not a connection error that ends
+    the wait for the server (seen in a fresh-clone run: the production-config server's start)."""
+    path = tmp_path / "key_file.json"
+    path.write_text(json.dumps({
+        "management": {"key": "a", "expiration time": "2000-01-01T00:00:00.123456789Z"},
+        "inference": {"key": "b", "expiration time": "2000-01-01T00:00:00.123456789Z"},
+        "API": {"key": "c"}}))
+    client = TorchServeClient(f"http://127.0.0.1:{closed_port()}", f"http://127.0.0.1:{closed_port()}",
+                              key_file=KeyFile(path))
+    assert client.ping() is False
+    with pytest.raises(ManagementError) as caught:
+        client.refresh_key("inference")
+    assert caught.value.status == 0 and "cannot reach" in caught.value.message
+
+
 def test_environment_supplies_addresses_and_key_file(monkeypatch, tmp_path):
     monkeypatch.setenv("TS_MANAGEMENT_URL", "http://127.0.0.1:9991/")
     monkeypatch.setenv("TS_KEY_FILE", str(tmp_path / "k.json"))

@@ -122,17 +122,11 @@ class TorchServeClient:
 
     # --- keys ----------------------------------------------------------------------------------
     def refresh_key(self, kind: str) -> None:
-        """Ask the server for a new `kind` key (it rewrites the key file). A management port that
-        does not answer (yet: a starting frontend writes the key file before it binds that port)
-        is a ManagementError, as for any other call."""
+        """Ask the server for a new `kind` key (it rewrites the key file), with the API key, sent
+        as every call is: a management port that does not answer (yet: a starting frontend writes
+        the key file before it binds that port) is a ManagementError, as for any other call."""
         assert self.key_file is not None
-        try:
-            answer = self.session.get(f"{self.management_url}/token", params={"type": kind},
-                                      headers={"Authorization": f"Bearer {self.key_file.key('API')}"},
-                                      timeout=30)
-        except requests.RequestException as error:
-            raise ManagementError(0, f"cannot reach the server: {error}",
-                                  f"GET /token?type={kind}") from None
+        answer = self._send("GET", f"{self.management_url}/token?{urlencode({'type': kind})}", "API")
         if answer.status_code >= 300:
             raise ManagementError(answer.status_code, answer.text, f"GET /token?type={kind}")
 

@@ -64,7 +64,7 @@ def test_a_key_refresh_from_a_management_port_not_yet_bound_is_not_healthy(tmp_p
         "inference": {"key": "b", "expiration time": "2000-01-01T00:00:00.123456789Z"},
         "API": {"key": "c"}}))
     client = TorchServeClient(f"http://127.0.0.1:{closed_port()}", f"http://127.0.0.1:{closed_port()}",
-                              key_file=KeyFile(path))
+                              key_file=KeyFile(path), attempts=1)
     assert client.ping() is False
     with pytest.raises(ManagementError) as caught:
         client.refresh_key("inference")

@@ -54,41 +54,95 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "'cpu' rehearses them on a CPU machine)")
 
 
-# Modules that take minutes (`--durations`: rollouts and canaries wait on worker starts and
-# drains): scheduled first, so that no long module starts last while the other process is idle.
+# The unit of the schedule is a module (its tests and its servers stay in one process), except
+# that the modules using the session's shared server (tests/server/conftest.py's `server`) are one
+# unit: the process that runs them starts that server once a run, where each process started its
+# own (about 9 s of a core, and 7 s of that process's time, each).
+SHARED_SERVER_UNIT = "tests/server (the session's shared server)"
+SHARED_SERVER_MODULES = frozenset({
+    "tests/server/test_bad_input.py", "tests/server/test_canary.py",
+    "tests/server/test_classification_server.py", "tests/server/test_detection_server.py",
+    "tests/server/test_open_inference_protocol.py", "tests/server/test_pipelines.py",
+    "tests/server/test_readme_examples.py", "tests/server/test_response_cache.py",
+    "tests/server/test_several_images.py", "tests/server/test_startup.py",
+    "tests/server/test_torchserve_grpc.py", "tests/server/test_triton_client.py"})
+
+# Units that take minutes (`--durations`: rollouts and canaries wait on worker starts and
+# drains): scheduled first, so that no long unit starts last while the other process is idle.
 # The detector architectures need no model store: the second process computes them while the
 # first builds the store (which it needs first, for the rollouts).
-LONGEST_MODULES = ("server/test_rollouts", "unit/test_object_detector", "server/test_rolling_update",
-                   "server/test_canary", "server/test_autoscaling_metrics",
-                   "server/test_serving_lab_smoke", "server/test_deployment_image")
+# The autoscaling metrics wait a minute and more for Prometheus's rate window, computing little:
+# next in line after the detector architectures, beside the rollouts' changes under load, not
+# beside the rollouts' own waits at their end.
+LONGEST_UNITS = ("tests/server/test_rollouts.py", "tests/unit/test_object_detector.py",
+                 "tests/server/test_autoscaling_metrics.py", "tests/server/test_rolling_update.py",
+                 SHARED_SERVER_UNIT, "tests/server/test_serving_lab_smoke.py",
+                 "tests/server/test_deployment_image.py")
 
 
-def module_rank(module: str, markers: set[str]) -> tuple[int, int]:
-    """Where a module's tests run in the schedule: the longest first, then those that start
+def schedule_unit(nodeid: str) -> str:
+    """The unit of the schedule a test belongs to: its module's path, or SHARED_SERVER_UNIT."""
+    module = nodeid.split("::")[0]
+    return SHARED_SERVER_UNIT if module in SHARED_SERVER_MODULES else module
+
+
+def uses_shared_server(item: pytest.Item) -> bool:
+    """Whether `item` uses the session's shared server (not a module's own fixture of that name)."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is None or "server" not in getattr(item, "fixturenames", ()):
+        return False
+    found = definitions.name2fixturedefs.get("server")
+    return bool(found) and found[-1].scope == "session"
+
+
+def unit_rank(unit: str, markers: set[str]) -> tuple[int, int]:
+    """Where a unit's tests run in the schedule: the longest first, then those that start
     servers, then the other slow ones, the quick ones last (they fill the end evenly)."""
-    if module in LONGEST_MODULES:
-        return 0, LONGEST_MODULES.index(module)
+    if unit in LONGEST_UNITS:
+        return 0, LONGEST_UNITS.index(unit)
     return (1 if "server" in markers else 2 if "slow" in markers else 3), 0
 
 
 def in_schedule_order(items: list[pytest.Item]) -> list[pytest.Item]:
-    """`items` with each module's tests together, modules in `module_rank` order (stable).
-    pytest-xdist's loadfile hands the modules out in this order (--no-loadscope-reorder)."""
-    def module(item: pytest.Item) -> str:
-        return f"{item.path.parent.name}/{item.path.stem}"
-
+    """`items` with each unit's tests together, units in `unit_rank` order (stable).
+    pytest-xdist hands the units out in this order (--no-loadscope-reorder)."""
     markers: dict[str, set[str]] = {}
     for item in items:
-        markers.setdefault(module(item), set()).update(mark.name for mark in item.iter_markers())
+        unit = schedule_unit(item.nodeid)
+        markers.setdefault(unit, set()).update(mark.name for mark in item.iter_markers())
     first_seen = {name: index for index, name in enumerate(markers)}
-    return sorted(items, key=lambda item: (module_rank(module(item), markers[module(item)]),
-                                           first_seen[module(item)]))
+
+    def rank(item: pytest.Item) -> tuple[tuple[int, int], int]:
+        unit = schedule_unit(item.nodeid)
+        return unit_rank(unit, markers[unit]), first_seen[unit]
+
+    return sorted(items, key=rank)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """With `--dist loadfile` (scripts/test.sh), hand out `schedule_unit`s instead of modules."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return schedule_unit(nodeid)
+
+    return UnitScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of the real archives slow; put the modules in schedule order; deselect the
+    """Mark the tests of the real archives slow; put the units in schedule order; deselect the
     gpu tests unless --gpu is given (deselected, not skipped: a GPU run asked with --gpu fails
-    where no GPU answers)."""
+    where no GPU answers). A module that uses the shared server and is not in
+    SHARED_SERVER_MODULES is an error: its process would start a server of its own."""
+    unlisted = sorted({item.nodeid.split("::")[0] for item in items if uses_shared_server(item)}
+                      - SHARED_SERVER_MODULES)
+    if unlisted:
+        raise pytest.UsageError(f"{', '.join(unlisted)} use the session's shared server: add them "
+                                "to SHARED_SERVER_MODULES in tests/conftest.py")
     for item in items:
         if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

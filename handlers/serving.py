@@ -185,7 +185,9 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                         "--target gpu decodes them on the device", 2 * self.jpeg_draft_size)
         warm_up_started = time.perf_counter()
         self.warm_up(self.max_batch_size)
-        warm_up_decoder(self.settings.limits, self.device)
+        if warm_up_decoder(self.settings.limits, self.device):
+            logger.info("decoder: %s's batched JPEG decoder repeats 4:2:0 and 4:2:2 chroma; it is "
+                        "interpolated after decoding as the CPU's libjpeg-turbo does", self.device)
         ready = time.perf_counter()
         logger.info(
             "worker ready model=%s version=%s device=%s runner=%s max_batch_size=%d load_ms=%.0f "

@@ -5,7 +5,8 @@
 #   - HAProxy, the front of `server run --front-port` and the load balancer of the rolling-update
 #     rehearsal (the same way; optional: only those and their tests need it),
 #   - redis-server and Prometheus (the same way): real parts for the response cache's shared tier
-#     and the autoscaling metrics' tests,
+#     and the autoscaling metrics' tests, and libjpeg-turbo's TurboJPEG library (libturbojpeg0), with
+#     which the chroma tests decode as nvJPEG does,
 #   - .venv with the pinned packages of requirements.txt / constraints.txt (installed with uv,
 #     or pip where uv cannot), and this project
 #     installed into it (editable) with its command, .venv/bin/torchserve-vision,
@@ -36,11 +37,11 @@ ensure_java() {
   exit 1
 }
 
-# ensure_debian_package COMMAND PATH PACKAGE WHY: COMMAND on the PATH or at PATH, else PACKAGE
+# ensure_debian_package COMMAND PATH PACKAGE WHY: COMMAND on the PATH or PATH present, else PACKAGE
 # installed with apt (as root), else a line saying what needs it.
 ensure_debian_package() {
   local command=$1 path=$2 package=$3 why=$4
-  if command -v "$command" >/dev/null 2>&1 || [ -x "$path" ]; then
+  if command -v "$command" >/dev/null 2>&1 || [ -e "$path" ]; then
     return
   fi
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -93,6 +94,8 @@ ensure_debian_package redis-server /usr/bin/redis-server redis-server \
   "the response cache's shared tier and its tests need it"
 ensure_debian_package prometheus /usr/bin/prometheus prometheus \
   "the autoscaling metrics' tests need it"
+ensure_debian_package libturbojpeg /usr/lib/x86_64-linux-gnu/libturbojpeg.so.0 libturbojpeg0 \
+  "the chroma tests decode with libjpeg-turbo as nvJPEG does"
 ensure_venv
 # The frontend agent's jar (queued batching), built against the installed TorchServe; nothing
 # happens when it is already there.

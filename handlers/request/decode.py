@@ -16,6 +16,9 @@ nothing over a limit is decoded. Then, by what the header says:
   `torchvision.io.decode_jpeg` on a list on the worker's device (nvJPEG on a GPU, libjpeg-turbo
   on the CPU), in calls bounded by `limits.max_decode_pixels_per_call`
   (handlers.request.jpeg_batches), then oriented on the device (handlers.request.orientation).
+  Where that decoder repeats 4:2:0 or 4:2:2 chroma over its blocks (nvJPEG; measured once per
+  device, `decoder_repeats_chroma`), the chroma is first interpolated as libjpeg-turbo does
+  (handlers.request.chroma_upsampling).
   A progressive JPEG takes nvJPEG's slower path, with its entropy decoding on the host, in the
   same call. An image the batched decoder refuses, alone too, goes to the CPU path below, whose
   answer or error is the CPU's for the same bytes;
@@ -41,6 +44,7 @@ from torchvision.transforms.v2.functional import to_dtype
 
 from handlers.ground.errors import ClientError
 from handlers.ground.limits import ImageLimits
+from handlers.request import chroma_upsampling
 from handlers.request.image_header import (
     ACCEPTED_FORMATS,
     ImageHeader,
@@ -214,10 +218,56 @@ def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], l
     for run in pixel_bounded_chunks(pixels, limits.max_decode_pixels_per_call):
         chosen = [indices[position] for position in run]
         decoded = decode_jpeg_run([encoded[index] for index in chosen], device)
+        decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen])
         for index, image in zip(chosen, decoded, strict=True):
             header = headers[index]
             results[index] = (oriented(image, header.orientation) if image is not None
                               else _decode_on_cpu(encoded[index], header, limits, None))
+
+
+# Per device: does its batched decoder repeat subsampled chroma (see chroma_upsampling)?
+_REPEATS_CHROMA: dict[torch.device, bool] = {}
+
+
+def decoder_repeats_chroma(device: torch.device) -> bool:
+    """Whether the batched JPEG decoder on `device` repeats subsampled chroma where the CPU's
+    libjpeg-turbo interpolates it (nvJPEG does), measured once per device on a probe JPEG. The
+    CPU's decoder is libjpeg-turbo itself: False without measuring."""
+    if device.type == "cpu":
+        return False
+    if device not in _REPEATS_CHROMA:
+        probe = chroma_upsampling.probe_jpeg()
+        reference = decode_with_torchvision(probe, read_header(probe))
+        _REPEATS_CHROMA[device] = chroma_upsampling.replicates_chroma(
+            lambda data: _decoded_alone(data, device), reference)
+    return _REPEATS_CHROMA[device]
+
+
+def _decoded_alone(data: bytes, device: torch.device) -> torch.Tensor:
+    image = decode_jpeg_run([data], device)[0]
+    if image is None:
+        raise AssertionError("the batched decoder refused the chroma probe JPEG")
+    return image
+
+
+def _as_libjpeg_upsamples(images: list[torch.Tensor | None], headers: list[ImageHeader]
+                          ) -> list[torch.Tensor | None]:
+    """Stored pixels from the batched decoder, with subsampled chroma interpolated as the CPU's
+    decoder does where the device's decoder repeats it: images of one size and subsampling in
+    one pass."""
+    groups: dict[tuple[tuple[int, ...], tuple[int, int]], list[int]] = {}
+    for position, (image, header) in enumerate(zip(images, headers, strict=True)):
+        factors = header.jpeg.chroma_factors if header.jpeg is not None else (1, 1)
+        if (image is not None and factors in chroma_upsampling.INTERPOLATED
+                and decoder_repeats_chroma(image.device)):
+            groups.setdefault((tuple(image.shape), factors), []).append(position)
+    interpolated = list(images)
+    for (_, factors), positions in groups.items():
+        group = torch.stack([image for position in positions if (image := images[position]) is not None])
+        fixed = chroma_upsampling.interpolated_chroma(group, factors)
+        for position, image in zip(positions, fixed, strict=True):
+            interpolated[position] = image
+    return interpolated
 
 
 def _settled(results: list[DecodeResult | None]) -> list[DecodeResult]:
@@ -235,11 +285,13 @@ def decode_image_bytes(data: bytes, limits: ImageLimits, device: torch.device | 
     return result
 
 
-def warm_up_decoder(limits: ImageLimits, device: torch.device | None = None) -> None:
+def warm_up_decoder(limits: ImageLimits, device: torch.device | None = None) -> bool:
     """Decode a small JPEG as a batch would, on `device`, so that the first request does not pay
-    the decoder's one-time start (on CUDA, torchvision creates its nvJPEG decoder on first use)."""
+    the decoder's one-time start (on CUDA, torchvision creates its nvJPEG decoder on first use),
+    and measure whether that decoder repeats subsampled chroma (`decoder_repeats_chroma`, returned)."""
     buffer = io.BytesIO()
     Image.new("RGB", (32, 32), (120, 90, 60)).save(buffer, "JPEG", quality=90)
     result = decode_images([buffer.getvalue()] * 2, limits, device)[0]
     if isinstance(result, ClientError):
         raise AssertionError(f"the decoder refused its warm-up JPEG: {result.message}")
+    return decoder_repeats_chroma(device or CPU)

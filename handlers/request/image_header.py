@@ -65,6 +65,10 @@ class JpegCoding:
     scan_offset: int
     ends: bool
     plain_markers: bool = True
+    # How many pixels share a chroma sample (horizontal, vertical): (2, 2) for 4:2:0, (2, 1)
+    # for 4:2:2, (1, 1) for 4:4:4 and grey; (0, 0) when the two chroma planes differ or do not
+    # divide luma's sampling.
+    chroma_factors: tuple[int, int] = (1, 1)
 
     @property
     def device_decodable(self) -> bool:
@@ -102,6 +106,7 @@ def read_jpeg_coding(data: bytes) -> JpegCoding | None:
     if not data.startswith(SOI):
         return None
     frame: tuple[int, int, int] | None = None
+    factors = (1, 1)
     position = 2
     while position + 4 <= len(data):
         if data[position] != 0xFF:
@@ -116,13 +121,27 @@ def read_jpeg_coding(data: bytes) -> JpegCoding | None:
         length = int.from_bytes(data[position + 2:position + 4], "big")
         if marker in START_OF_FRAME and position + 10 <= len(data):
             frame = (marker, data[position + 4], data[position + 9])
+            factors = chroma_factors(data[position + 10:position + 2 + length], frame[2])
         if marker == SOS:
             if frame is None:
                 return None
             ends, plain = walk_scans(data, position + 2 + length)
-            return JpegCoding(frame[0], frame[1], frame[2], position, ends, plain)
+            return JpegCoding(frame[0], frame[1], frame[2], position, ends, plain, factors)
         position += 2 + length
     return None
+
+
+def chroma_factors(specs: bytes, components: int) -> tuple[int, int]:
+    """From a frame header's component specifications (3 bytes each: id, sampling factors as
+    two nibbles, quantisation table): pixels per chroma sample, as `JpegCoding.chroma_factors`."""
+    if components != 3:
+        return (1, 1)
+    if len(specs) < 9:
+        return (0, 0)
+    (luma_h, luma_v), cb, cr = ((byte >> 4, byte & 0x0F) for byte in specs[1:9:3])
+    if cb != cr or 0 in cb or luma_h % cb[0] or luma_v % cb[1]:
+        return (0, 0)
+    return (luma_h // cb[0], luma_v // cb[1])
 
 
 def walk_scans(data: bytes, start: int) -> tuple[bool, bool]:

@@ -146,8 +146,9 @@ def replicates_chroma(decode: Callable[[bytes], torch.Tensor], reference: torch.
     """Whether `decode` repeats 4:2:0 chroma: its pixels for `probe_jpeg()` come at least twice
     as close to `reference` (libjpeg's pixels for the same bytes) once interpolated here. A
     decoder that interpolates itself comes out further away (its chroma smoothed twice)."""
-    decoded = decode(probe_jpeg()).to("cpu", torch.int32)
-    as_is = (decoded - reference.to(torch.int32)).abs().float().mean().item()
-    fixed = (interpolated_chroma(decoded.to(torch.uint8), H2V2).to(torch.int32)
-             - reference.to(torch.int32)).abs().float().mean().item()
-    return fixed * 2 < as_is
+    decoded = decode(probe_jpeg()).cpu()
+
+    def mean_error(image: torch.Tensor) -> float:
+        return (image.to(torch.int32) - reference.to(torch.int32)).abs().float().mean().item()
+
+    return mean_error(interpolated_chroma(decoded, H2V2)) * 2 < mean_error(decoded)

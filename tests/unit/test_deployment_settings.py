@@ -41,9 +41,17 @@ def test_the_environment_sets_addresses_workers_and_token_authorization():
     assert local_url(ipv6["inference_address"]) == "http://[::1]:8080"
 
 
+def test_the_jvm_is_sized_for_the_processors_the_environment_gives():
+    settings = DeploymentSettings.from_environment({"TSV_JAVA_PROCESSORS": "3"})
+    assert settings.apply(PROPERTIES)["vmargs"] == "-XX:ActiveProcessorCount=3"
+    assert settings.apply({**PROPERTIES, "vmargs": "-Xmx1g"})["vmargs"] == "-Xmx1g -XX:ActiveProcessorCount=3"
+    assert settings.describe() == "the JVM sized for 3 processors"
+
+
 @pytest.mark.parametrize("environment", [
     {"TSV_BIND_ADDRESS": "example.com"}, {"TSV_WORKERS": "0"}, {"TSV_WORKERS": "two"},
-    {"TSV_TOKEN_AUTHORIZATION": "maybe"},
+    {"TSV_TOKEN_AUTHORIZATION": "maybe"}, {"TSV_JAVA_PROCESSORS": "$(CPU_REQUEST)"},
+    {"TSV_JAVA_PROCESSORS": "0"},
 ])
 def test_unusable_values_are_refused(environment):
     with pytest.raises(SettingsError):

@@ -3,9 +3,11 @@ the installed TorchServe (the agent at work in a real frontend: tests/server/tes
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -71,6 +73,7 @@ def test_the_jar_is_built_once_and_again_when_a_source_changes(tmp_path: Path, m
     sources = tmp_path / "frontend"
     shutil.copytree(agent.SOURCES, sources, ignore=shutil.ignore_patterns("build", "*.py", "__pycache__"))
     monkeypatch.setattr(agent, "SOURCES", sources)
+    monkeypatch.setattr(agent, "jar_directories", lambda: [tmp_path / "jars"])
     first = agent.agent_jar()
     assert first.is_file() and agent.agent_jar() == first
     changed = sources / "Agent.java"
@@ -90,3 +93,51 @@ def test_a_path_with_whitespace_is_refused_for_vmargs(tmp_path: Path, monkeypatc
         agent.java_agent_option()
     monkeypatch.setattr(agent, "agent_jar", lambda: tmp_path / "agent.jar")
     assert agent.java_agent_option() == f"-javaagent:{tmp_path / 'agent.jar'}"
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def printed(command: list[str], cwd: Path) -> str:
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_the_jar_is_where_the_installed_package_looks_whatever_the_directory_that_builds_it(
+        tmp_path: Path):
+    """A container image builds the jar with `python -m` in a copy of the sources (`WORKDIR /src`),
+    which imports the package from the working directory, and runs the server from the installed
+    package: both must name the same jar, outside either copy of the sources."""
+    source_tree = tmp_path / "src"
+    shutil.copytree(REPO / "torchserve_vision", source_tree / "torchserve_vision",
+                    ignore=shutil.ignore_patterns("build", "__pycache__"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where_imported = [sys.executable, "-c", "import torchserve_vision; print(torchserve_vision.__file__)"]
+    assert printed(where_imported, source_tree).startswith(str(source_tree))   # the copy, as in /src
+    assert not printed(where_imported, elsewhere).startswith(str(source_tree))
+    built_from_the_copy = printed([sys.executable, "-m", "torchserve_vision.frontend.agent", "--path"],
+                                  source_tree)
+    found_by_the_package = printed([sys.executable, "-c", "from torchserve_vision.frontend import agent; "
+                                    "print(agent.agent_jar_path())"], elsewhere)
+    assert built_from_the_copy == found_by_the_package
+    for sources in (source_tree, REPO / "torchserve_vision"):
+        assert not Path(built_from_the_copy).is_relative_to(sources)
+
+
+def test_the_jar_goes_to_the_users_cache_where_the_environment_is_not_writable(tmp_path: Path,
+                                                                               monkeypatch):
+    """A user install into a system Python: its data directory (/usr/local) belongs to root."""
+    system = tmp_path / "usr-local"
+    system.mkdir()
+    monkeypatch.setattr(agent.sysconfig, "get_path", lambda _name: str(system))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # the suite may run as root, who may write anywhere: os.access answers as for another user
+    monkeypatch.setattr(agent.os, "access", lambda path, _mode: not Path(path).is_relative_to(system))
+    assert not agent.writable(system / "share" / "torchserve-vision")   # judged by /usr/local itself
+    assert agent.agent_jar_path() == tmp_path / "cache" / "torchserve-vision" / agent.agent_jar_name()
+    installed = system / "share" / "torchserve-vision" / agent.agent_jar_name()
+    installed.parent.mkdir(parents=True)
+    installed.write_bytes(b"jar")
+    assert agent.agent_jar_path() == installed      # one that exists is found before a writable one

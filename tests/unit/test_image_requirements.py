@@ -1,12 +1,17 @@
 """The image's locks (deploy/requirements-{cpu,gpu}.lock, written by
 scripts/lock_image_requirements.py): every package pinned with its hashes, in step with
 pyproject.toml's runtime dependencies and constraints.txt, the CPU lock the GPU lock without
-torch, torchvision and CUDA's packages. Checked offline; writing them needs PyPI."""
+torch, torchvision and CUDA's packages. Checked offline; writing them needs PyPI. And the
+Dockerfile's install step (deploy/install-image-packages.sh), with a pip that only records."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -79,3 +84,72 @@ def test_the_cpu_lock_is_the_gpu_lock_without_torch_torchvision_and_cuda():
                for name in left_out)
     dependencies = runtime_dependencies()
     assert {name for name, _ in cpu} >= set(dependencies) - {"torch", "torchvision"}
+
+
+# --- deploy/install-image-packages.sh: which lock, and where torch comes from --------------------
+FAKE_PIP = """#!/bin/sh
+# Records each call; an install from the index named in $REFUSED_INDEX fails as an unreachable
+# index does.
+echo "$*" >> "$CALLS"
+case " $* " in *" --index-url $REFUSED_INDEX "*) exit 1 ;; esac
+"""
+
+
+def installed(tmp_path: Path, target: str, index: str,
+              refused_index: str = "none") -> tuple[int, list[str], str]:
+    """Run the Dockerfile's install step with a pip that only records; (status, pip calls, output)."""
+    for name in ("pyproject.toml", "deploy/requirements-cpu.lock", "deploy/requirements-gpu.lock",
+                 "deploy/install-image-packages.sh"):
+        shutil.copy(REPO / name, tmp_path / Path(name).name)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "pip").write_text(FAKE_PIP)
+    (venv / "pip").chmod(0o755)
+    (venv / "python").symlink_to(sys.executable)
+    calls = tmp_path / "calls"
+    calls.touch()
+    result = subprocess.run(["sh", "install-image-packages.sh", str(tmp_path / "venv"), target, index],
+                            cwd=tmp_path, capture_output=True, text=True, check=False,
+                            env={"PATH": os.environ["PATH"], "CALLS": str(calls),
+                                 "REFUSED_INDEX": refused_index})
+    return result.returncode, calls.read_text().splitlines(), result.stdout + result.stderr
+
+
+def locked_install(lock: str) -> str:
+    return f"install --no-cache-dir --require-hashes --no-deps -r {lock}"
+
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def test_the_gpu_image_installs_the_gpu_lock_alone(tmp_path: Path):
+    status, calls, _ = installed(tmp_path, "gpu", CPU_INDEX)
+    assert status == 0 and calls == [locked_install("requirements-gpu.lock")]
+
+
+def test_the_cpu_image_takes_cpu_builds_of_pyprojects_torch_from_the_cpu_index(tmp_path: Path):
+    status, calls, output = installed(tmp_path, "cpu", CPU_INDEX)
+    assert status == 0 and calls[0] == locked_install("requirements-cpu.lock")
+    words = calls[1].split()
+    assert words[words.index("--index-url") + 1] == CPU_INDEX
+    # a local version only the CPU index has: no other index can hand over a CUDA build
+    dependencies = runtime_dependencies()
+    assert [word for word in words if "==" in word] == [
+        f"torch=={dependencies['torch']}+cpu", f"torchvision=={dependencies['torchvision']}+cpu"]
+    assert len(calls) == 2 and "CPU builds" in output
+
+
+@pytest.mark.parametrize("index", [CPU_INDEX, ""], ids=["unreachable", "none given"])
+def test_without_the_cpu_index_the_cpu_image_takes_torch_hash_checked_from_the_gpu_lock(tmp_path: Path,
+                                                                                         index: str):
+    status, calls, output = installed(tmp_path, "cpu", index, refused_index=CPU_INDEX)
+    assert status == 0
+    assert calls[0] == locked_install("requirements-cpu.lock")
+    assert calls[-1] == locked_install("requirements-gpu.lock")
+    assert len(calls) == (3 if index else 2)
+    assert "about 7 GB" in output
+
+
+def test_an_unknown_target_is_refused(tmp_path: Path):
+    status, calls, output = installed(tmp_path, "tpu", CPU_INDEX)
+    assert status == 2 and calls == [] and "cpu or gpu" in output

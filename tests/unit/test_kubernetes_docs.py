@@ -24,12 +24,23 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deployment_files import DEPLOY, KUBECTL, OVERLAYS, REPO, Dockerfile, container, rendered, resource
+from tests.deployment_files import (
+    DEPLOY,
+    KUBECTL,
+    OVERLAYS,
+    REPO,
+    Dockerfile,
+    container,
+    image_check_script,
+    rendered,
+    resource,
+)
 from torchserve_vision import paths
 from torchserve_vision.cli import command_parser
 from torchserve_vision.model_descriptions import load_descriptions
 
 DOC = REPO / "docs" / "kubernetes.md"
+IMAGE_CHECK = image_check_script()
 ADAPTER_VALUES = DEPLOY / "prometheus-adapter" / "values.yaml"
 SHELL_OPERATORS = {"&&", "|", ";", "||"}
 CUSTOM_METRICS = re.compile(r"^/apis/custom\.metrics\.k8s\.io/v1beta1/namespaces/([^/]+)/pods/\*/([^/]+)$")
@@ -103,9 +114,9 @@ class DocChecker:
         self.build_argument_defaults = Dockerfile.read().build_arguments()
         self.build_arguments = set(self.build_argument_defaults)
         self.checks: dict[str, Callable[[list[str]], list[str]]] = {
-            "cd": self.cd, "docker": self.docker, "kustomize": self.kustomize, "helm": self.helm,
-            "kubectl": self.kubectl, "curl": self.curl, "torchserve-vision": self.torchserve_vision,
-            "grep": lambda words: [],
+            "cd": self.cd, "docker": self.docker, "podman": self.docker, "kustomize": self.kustomize,
+            "helm": self.helm, "kubectl": self.kubectl, "curl": self.curl,
+            "torchserve-vision": self.torchserve_vision, "bash": self.bash, "grep": lambda words: [],
         }
 
     def check(self, words: list[str]) -> list[str]:
@@ -134,14 +145,27 @@ class DocChecker:
         self.cluster.directory = target
         return [] if target.is_dir() else [f"{words[1]} is not a directory"]
 
+    def bash(self, words: list[str]) -> list[str]:
+        """A script of the repository; image-check.sh's arguments as its parser reads them."""
+        script = REPO / words[1]
+        if not script.is_file() or script.parent != REPO / "scripts":
+            return [f"{words[1]} is not a script of scripts/"]
+        if script.name == "image-check.sh":
+            try:
+                IMAGE_CHECK.arguments(words[2:])
+            except SystemExit:
+                return ["arguments scripts/image_check.py refuses"]
+        return []
+
     def docker(self, words: list[str]) -> list[str]:
+        """docker and podman: the same build command line."""
         if words[1] == "push":
             return [] if words[2] in self.cluster.built_images else ["pushes an image not built above"]
         if words[1:4] == ["buildx", "imagetools", "inspect"]:
             base = self.build_argument_defaults["PYTHON_IMAGE"]
             return [] if words[4] == base else [f"{words[4]} is not the base image, {base}"]
         if words[1] != "build":
-            return [f"docker {words[1]} is not checked"]
+            return [f"{words[0]} {words[1]} is not checked"]
         problems = []
         dockerfile = words[words.index("-f") + 1]
         if not (REPO / dockerfile).is_file():
@@ -316,6 +340,8 @@ def test_every_command_on_the_page_names_what_the_repository_has():
     ("/predictions/efficientnet_lite0", "/predictions/resnet50"),
     ("service/torchserve-vision 8080:8080", "service/torchserve-vision 8080:80"),
     ("kubectl apply -k deploy/kubernetes\n", "kubectl apply -k deploy/k8s\n"),
+    ("bash scripts/image-check.sh --base", "bash scripts/image-check.sh --base-image"),
+    ("bash scripts/debian-base-image.sh", "bash scripts/debian-base.sh"),
 ])
 def test_a_wrong_name_on_the_page_is_found(wrong, right):
     text = DOC.read_text()

@@ -58,6 +58,7 @@ Environment (a deployment's settings; unset = the config as written):
   TSV_BIND_ADDRESS=0.0.0.0        inference, management, metrics and probe addresses
   TSV_WORKERS=N                   workers of every model
   TSV_TOKEN_AUTHORIZATION=on|off  TorchServe's token authorization
+  TSV_JAVA_PROCESSORS=N           the frontend JVM's -XX:ActiveProcessorCount (a pod's CPU request)
   TSV_MODEL_STORE=/path           default of --model-store
   TSV_PROBE_PORT=8090             default of --probe-port
 """

@@ -1,6 +1,13 @@
 """The frontend agent's jar: built once with `javac` from the Java sources beside this module,
-against the installed TorchServe's `model-server.jar`, into `build/` beside them under a name
-that carries a digest of the sources and TorchServe's version (a change of either builds anew).
+against the installed TorchServe's `model-server.jar`, under a name that carries a digest of the
+sources and TorchServe's version (a change of either builds anew).
+
+The jar belongs to the Python environment whose TorchServe it was compiled against, not to the
+copy of this package that built it: it is written to the environment's data directory
+(`<sys.prefix>/share/torchserve-vision/` in a virtual environment), or, where that is not
+writable (a user install into a system Python), to the user's cache directory. So the command
+that builds it finds the same jar wherever it runs from: `python -m` in a source tree imports
+this package from the working directory, which a container image's runtime stage never copies.
 
 `scripts/setup.sh` and the container image build it (`python -m torchserve_vision.frontend.agent`);
 `torchserve-vision server` builds it on first use where `javac` is at hand, else says how.
@@ -19,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import zipfile
 from pathlib import Path
@@ -50,11 +58,36 @@ def frontend_jar() -> Path:
     return Path(spec.origin).parent / "frontend" / "model-server.jar"
 
 
-def agent_jar_path() -> Path:
+def jar_directories() -> list[Path]:
+    """Where the jar may be, in the order looked at: the environment's data directory, then the
+    user's cache directory. Neither depends on the working directory or on where this module was
+    imported from."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return [Path(sysconfig.get_path("data")) / "share" / "torchserve-vision", cache / "torchserve-vision"]
+
+
+def writable(directory: Path) -> bool:
+    """Whether `directory`, or its nearest existing parent, can be written by this process."""
+    existing = next(parent for parent in (directory, *directory.parents) if parent.exists())
+    return os.access(existing, os.W_OK | os.X_OK)
+
+
+def agent_jar_name() -> str:
     digest = hashlib.sha256(importlib.metadata.version("torchserve").encode())
     for source in java_sources():
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
-    return SOURCES / "build" / f"frontend-agent-{digest.hexdigest()[:16]}.jar"
+    return f"frontend-agent-{digest.hexdigest()[:16]}.jar"
+
+
+def agent_jar_path() -> Path:
+    """Where the jar of these sources is, or will be written: the first directory that has it,
+    else the first writable one."""
+    name, directories = agent_jar_name(), jar_directories()
+    existing = [directory / name for directory in directories if (directory / name).is_file()]
+    if existing:
+        return existing[0]
+    return next((directory / name for directory in directories if writable(directory)),
+                directories[0] / name)
 
 
 def agent_jar() -> Path:
@@ -106,6 +139,6 @@ def java_agent_option() -> str:
 
 if __name__ == "__main__":
     try:
-        print(agent_jar())
+        print(agent_jar_path() if sys.argv[1:] == ["--path"] else agent_jar())
     except AgentError as error:
         sys.exit(f"error: {error}")

@@ -82,3 +82,4 @@ class ImageClassifierHandler(
 
     def warm_up(self, batch_size: int) -> None:
         self.classifier.warm_up(batch_size)
+        self.model = self.classifier.run       # a CUDA worker's runs its batches in buckets from here

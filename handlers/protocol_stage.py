@@ -42,9 +42,10 @@ class ProtocolStage:
         body = slot.row.get("body")
         binary_length = slot.header(BINARY_HEADER)
         if isinstance(body, (bytes, bytearray)):
+            # read in place: an image body is not copied to find that it is not a v2 request
             if binary_length is not None:
-                self.convert(slot, lambda: binary_v2_to_row(bytes(body), binary_length))
-            elif (parsed := v2_json_in_bytes(bytes(body))) is not None:
+                self.convert(slot, lambda: binary_v2_to_row(body, binary_length))
+            elif (parsed := v2_json_in_bytes(body)) is not None:
                 self.convert(slot, lambda: v2_to_row(parsed))
         elif is_v2_request(body):
             self.convert(slot, lambda: v2_to_row(slot.row["body"]))

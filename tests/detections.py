@@ -33,3 +33,16 @@ def assert_same_detections(served: Sequence[dict[str, Any]], expected: list[Row]
                       and max(abs(a - b) for a, b in zip(row[2], box, strict=True)) <= box_px), None)
         assert match is not None, f"nothing matches class {index} score {found_score} box {box}"
         unmatched.remove(match)
+
+
+def in_tie_order(rows: Sequence[Row]) -> list[tuple[float, int, tuple[float, ...]]]:
+    """Best first, and among exactly equal scores by class, then box: an order both sides of a
+    comparison can agree on where their own order among exact ties is their sort's."""
+    return sorted(((-score, index, tuple(box)) for index, score, box in rows))
+
+
+def assert_identical_but_tie_order(ours: Sequence[Row], theirs: Sequence[Row]) -> None:
+    """The same detections bit for bit (labels, scores, boxes), in the same order of scores; among
+    detections of exactly equal score, in any order."""
+    assert [score for _, score, _ in ours] == [score for _, score, _ in theirs]
+    assert in_tie_order(ours) == in_tie_order(theirs)

@@ -22,7 +22,7 @@ from handlers.batch.batch_record import BatchRecord
 from handlers.batch.batch_stage import BatchStage
 from handlers.batch.request_slot import HeaderReader, RequestSlot
 from handlers.cache.cache_settings import parse_cache_section, with_environment
-from handlers.cache.perceptual_hash import perceptual_hash
+from handlers.cache.perceptual_hash import perceptual_hashes
 from handlers.cache.response_cache import ResponseCache, cache_key, namespace_of
 from handlers.request.request_options import canonical_text
 
@@ -82,12 +82,16 @@ class CacheStage(BatchStage):
             return
         with record.timing("cache"):
             keyed: list[RequestSlot] = []
+            images: list[torch.Tensor] = []
             for slot in slots:
                 image = image_of(slot.decoded[0]) if slot.is_open and slot.cache_keys else None
                 if image is not None and slot.parsed is not None:
-                    options = canonical_text(slot.parsed.options) + "|phash"
-                    slot.cache_keys.append(cache_key(self.namespace, options, perceptual_hash(image)))
                     keyed.append(slot)
+                    images.append(image)
+            for slot, image_hash in zip(keyed, perceptual_hashes(images), strict=True):
+                assert slot.parsed is not None
+                options = canonical_text(slot.parsed.options) + "|phash"
+                slot.cache_keys.append(cache_key(self.namespace, options, image_hash))
             hits = self.answer_found(keyed, CACHE_NEAR_HIT)
         record.counters["CacheNearDuplicateHits"] = hits
         record.counters["CacheMisses"] -= hits

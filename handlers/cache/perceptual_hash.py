@@ -9,6 +9,7 @@ frequencies are compared with their median, one bit each. This is the constructi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
@@ -27,8 +28,25 @@ def dct_matrix(size: int = SAMPLE_SIZE) -> torch.Tensor:
 
 def perceptual_hash(image: torch.Tensor) -> bytes:
     """`uint8[3, H, W]` (or `[1, H, W]`) -> 8 bytes. The input is not modified."""
+    return perceptual_hashes([image])[0]
+
+
+def perceptual_hashes(images: Sequence[torch.Tensor]) -> list[bytes]:
+    """`perceptual_hash` of each image, in order: the 32 x 32 samples are made on the images'
+    device and read from it in one copy (on a GPU one synchronisation for the batch), the DCT and
+    the median on the CPU in float64, as for one image."""
+    if not images:
+        return []
+    samples = torch.stack([_luma_sample(image) for image in images]).cpu()
+    return [_hash_of_sample(sample) for sample in samples]
+
+
+def _luma_sample(image: torch.Tensor) -> torch.Tensor:
     grey = image.float() if image.shape[0] == 1 else F.rgb_to_grayscale(image.float())
-    small = F.resize(grey, [SAMPLE_SIZE, SAMPLE_SIZE], antialias=True)[0].double().cpu()
+    return F.resize(grey, [SAMPLE_SIZE, SAMPLE_SIZE], antialias=True)[0].double()
+
+
+def _hash_of_sample(small: torch.Tensor) -> bytes:
     basis = dct_matrix()
     low = (basis @ small @ basis.T)[:HASH_SIZE, :HASH_SIZE].flatten()
     bits = (low > low.quantile(0.5)).tolist()  # numpy's median: the middle two averaged

@@ -19,7 +19,7 @@ from typing import Any
 from handlers.batch.batch_record import BatchRecord
 from handlers.batch.batch_stage import BatchStage
 from handlers.batch.request_slot import RequestSlot, computed_images
-from handlers.drift.drift_features import Observation, input_observations, mean_brightness
+from handlers.drift.drift_features import Observation, input_observations, mean_brightnesses
 from handlers.drift.drift_metrics import emit_drift_observations, emit_drift_reference
 from handlers.drift.drift_profile import DriftProfile
 from handlers.request.image_header import read_header
@@ -49,10 +49,11 @@ class DriftStage(BatchStage):
     def observe(self, slots: Sequence[RequestSlot], metrics: Any) -> None:
         """Count the answered, decoded requests of `slots`; export the batch's counts."""
         batch: Counter[Observation] = Counter()
-        for image_bytes, decoded_by, item, answer in computed_images(slots):
+        computed = list(computed_images(slots))
+        brightnesses = mean_brightnesses([item.image for _, _, item, _ in computed])
+        for (image_bytes, decoded_by, _, answer), brightness in zip(computed, brightnesses, strict=True):
             header = decoded_by or read_header(image_bytes)
-            batch.update(input_observations(header.image_format, header.width, header.height,
-                                            mean_brightness(item.image)))
+            batch.update(input_observations(header.image_format, header.width, header.height, brightness))
             batch.update(self.answer_observations(answer))
         self.counts.update(batch)
         if self.profile is not None and batch:

@@ -16,6 +16,7 @@ from torchvision.transforms.v2 import functional as F
 
 from handlers.model import model_loading
 from handlers.model.compiled_model import EagerModel, MachineTarget, Runner
+from handlers.model.cuda_batches import BucketedRunner, graph_backend, half_weights_dtype
 from handlers.model.host_batches import loads_of
 from handlers.model.model_loading import autocast, load_for_serving
 from handlers.model.runner_selection import RunnerChoice, choose_runner
@@ -33,6 +34,12 @@ class ClassifierModel:
         self.device = device
         self.labels, self.precision, self.network = load_for_serving(settings, model_dir,
                                                                      serialized_file, device)
+        # On CUDA, fp16 / bf16 weights and input instead of autocast over float32 weights
+        # (handlers.model.cuda_batches); None on a CPU, which keeps autocast.
+        self.weights_dtype = half_weights_dtype(device, self.precision, settings.cuda_half_weights)
+        if self.weights_dtype is not None:
+            self.network = self.network.to(self.weights_dtype)
+        self.input_dtype = self.weights_dtype or torch.float32
         if settings.channels_last:
             self.network = self.network.to(memory_format=torch.channels_last)
         timeout_s = settings.compile.load_timeout_s if settings.compile else 0.0
@@ -49,7 +56,7 @@ class ClassifierModel:
         self.channels_last_input = settings.channels_last and self.runner.computes_in_torch
 
     def eager_forward(self, batch: torch.Tensor) -> torch.Tensor:
-        with autocast(self.device, self.precision):
+        with autocast(self.device, "fp32" if self.weights_dtype is not None else self.precision):
             return self.network(batch)
 
     def model_input(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -57,14 +64,14 @@ class ClassifierModel:
         centre crop `input_size`, in the network's memory format."""
         settings = self.settings
         batch = preprocess_classification_batch(images, settings.resize_size, settings.input_size,
-                                                settings.mean, settings.std, self.device)
+                                                settings.mean, settings.std, self.device, self.input_dtype)
         return self.in_memory_format(batch)
 
     def crops_input(self, crops: torch.Tensor) -> torch.Tensor:
         """`float[N, 3, S, S]` crops at `input_size` with values 0..255 (e.g. from roi_align over
         uint8 images) -> the normalized batch (no resize or crop)."""
         batch = F.normalize(crops / 255.0, list(self.settings.mean), list(self.settings.std))
-        return self.in_memory_format(batch)
+        return self.in_memory_format(batch.to(self.input_dtype))
 
     def in_memory_format(self, batch: torch.Tensor) -> torch.Tensor:
         if self.channels_last_input:
@@ -76,9 +83,22 @@ class ClassifierModel:
         return self.run(batch)
 
     def warm_up(self, batch_size: int) -> None:
-        """Run batch 1 and `batch_size` (the compiled package's dynamic dimension at both ends)."""
+        """Run batch 1 and `batch_size` (the compiled package's dynamic dimension at both ends).
+        A CUDA worker's eager network runs its batches in buckets from here on (and, with the
+        archive's `cuda_graphs`, replays a graph per bucket): each bucket is run, or captured,
+        now (handlers.model.cuda_batches)."""
         size = self.settings.input_size
         with torch.inference_mode():
+            if self.device.type == "cuda" and self.runner.runner == "eager":
+                self.run = self.bucketed(batch_size)
+                self.run.warm_up()
+                return
             for run in loads_of(self.run):
                 for count in sorted({1, batch_size}):
                     run(self.in_memory_format(torch.zeros(count, 3, size, size, device=self.device)))
+
+    def bucketed(self, batch_size: int) -> BucketedRunner:
+        size = self.settings.input_size
+        memory_format = torch.channels_last if self.channels_last_input else torch.contiguous_format
+        return BucketedRunner(self.eager_forward, batch_size, (3, size, size), self.input_dtype, self.device,
+                              graph_backend(self.device, self.settings.cuda_graphs), memory_format)

@@ -2,6 +2,10 @@
 
 - `TorchvisionFormat`: torchvision detectors (Faster R-CNN, RetinaNet, FCOS, SSD, SSDlite) take a
   list of float images of any sizes and return boxes in each image's own pixels.
+- `BatchedSsdFormat`: the SSD family of those (SSD300, SSDlite) with the batch at once: the
+  network's transform as one normalization and resize per image size, its backbone and head on
+  the batch, and handlers.task.ssd_postprocess's postprocess and per-request selection, with the
+  same answers; the host waits a fixed number of times per batch (a GPU worker's choice).
 - `YoloFormat`: single-tensor models (`[B, 4 + C, N]`: cx, cy, w, h in input pixels, then C class
   scores) take a letterboxed square batch; candidates are decoded, NMS'd per class on the device
   and mapped back through each image's recorded letterbox.
@@ -21,6 +25,7 @@ from torchvision.ops import clip_boxes_to_image
 from torchvision.transforms.v2 import functional as F
 
 from handlers.ground.kind_options import DetectionOptions
+from handlers.model.ssd_engine import image_anchors_xyxy, ssd_input_batch, ssd_input_size_hw
 from handlers.task.detection import (
     DetectionTensors,
     DetectorInput,
@@ -30,6 +35,7 @@ from handlers.task.detection import (
     yolo_candidates,
 )
 from handlers.task.letterbox import boxes_to_original, letterbox_batch
+from handlers.task.ssd_postprocess import RequestSelection, SsdPostprocessSettings, batched_ssd_detections
 
 
 class DetectorFormat(Protocol):
@@ -72,6 +78,54 @@ class TorchvisionFormat:
             selected.append(select_detections(DetectionTensors(boxes, found["scores"], found["labels"]),
                                               asked))
         return selected
+
+
+class BatchedSsdFormat:
+    """For a torchvision SSD-family `network` whose backbone and head the caller runs on the batch
+    (`float[B, 3, S, S]` -> box regression, class logits)."""
+
+    def __init__(self, network: Any) -> None:
+        self.network = network
+        self.input_size_hw = ssd_input_size_hw(network)
+        self.anchors_xyxy = image_anchors_xyxy(network)
+        self.settings = SsdPostprocessSettings.of(network)
+        self.model_threshold = float(network.score_thresh)
+
+    def model_input(self, images: Sequence[torch.Tensor], device: torch.device,
+                    lowest_score_asked: float | None) -> DetectorInput:
+        sizes_hw = [(int(image.shape[-2]), int(image.shape[-1])) for image in images]
+        return DetectorInput(ssd_input_batch(self.network, images, device),
+                             lowest_score_asked=lowest_score_asked, original_sizes_hw=sizes_hw)
+
+    def running_batch(self, network: Any,
+                      model_input: DetectorInput) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()    # the candidates' threshold is the postprocess's argument
+
+    def model_output(self, output: Any) -> Any:
+        return output
+
+    def detections(self, output: Sequence[torch.Tensor], model_input: DetectorInput,
+                   images: Sequence[torch.Tensor],
+                   options: Sequence[DetectionOptions]) -> list[DetectionTensors]:
+        """Each image's detections as host tensors, read from the device in one copy."""
+        assert model_input.original_sizes_hw is not None
+        regression, logits = (tensor.to(self.anchors_xyxy.device) for tensor in output)
+        found = batched_ssd_detections(
+            regression, logits, self.anchors_xyxy, self.input_size_hw, model_input.original_sizes_hw,
+            self.settings, candidate_score_threshold(self.model_threshold, model_input.lowest_score_asked),
+            [RequestSelection(asked.score_threshold, asked.classes, asked.max_detections)
+             for asked in options])
+        # boxes, score, label, selected per row (labels and flags are exact in float32): one copy
+        packed = torch.cat([found.boxes_xyxy, found.scores.unsqueeze(-1),
+                            found.labels.unsqueeze(-1).float(), found.selected.unsqueeze(-1).float()],
+                           dim=-1).cpu()
+        return [selected_rows(rows) for rows in packed]
+
+
+def selected_rows(rows: torch.Tensor) -> DetectionTensors:
+    """One image's packed host rows `float[N, 7]` (box, score, label, selected) -> its detections."""
+    chosen = rows[:, 6] > 0
+    return DetectionTensors(rows[chosen, :4], rows[chosen, 4], rows[chosen, 5].long())
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,14 @@ from typing import Any
 import torch
 
 from handlers.ground.kind_options import DetectionOptions
+from handlers.ground.limits import SettingsError
 from handlers.model import model_loading
 from handlers.model.compiled_model import MachineTarget
-from handlers.model.detector_formats import DetectorFormat, detector_format
+from handlers.model.detector_formats import BatchedSsdFormat, DetectorFormat, detector_format
 from handlers.model.model_loading import autocast, load_for_serving
 from handlers.model.runner_selection import RunnerChoice, choose_detector_runner
 from handlers.model.settings import DetectorSettings
-from handlers.model.ssd_engine import SsdEngineDetector
+from handlers.model.ssd_engine import NotAnSsdDetector, SsdBackboneHead, SsdEngineDetector, ssd_input_size_hw
 from handlers.task.detection import DetectionTensors, DetectorInput, lowest_score_asked
 
 WARM_UP_SIZE_HW = (480, 640)
@@ -49,6 +50,9 @@ class DetectorModel:
             settings.archive_runners, model_dir, MachineTarget.here(device, self.precision),
             native_bf16, self.network, timeout_s, torch.get_num_threads())
         self.run: Any = self.network if engine is None else SsdEngineDetector(self.network, engine)
+        if postprocesses_batched(settings, device, self.network):
+            self.format = BatchedSsdFormat(self.network)
+            self.run = SsdBackboneHead(self.network) if engine is None else engine
 
     def model_input(self, images: Sequence[torch.Tensor],
                     options: Sequence[DetectionOptions] | None = None) -> DetectorInput:
@@ -69,8 +73,33 @@ class DetectorModel:
         own pixels (clipped), best first."""
         return self.format.detections(output, model_input, images, options)
 
+    @property
+    def postprocess(self) -> str:
+        """"batched" (handlers.task.ssd_postprocess) or "per-image" (the network's own)."""
+        return "batched" if isinstance(self.format, BatchedSsdFormat) else "per-image"
+
     def warm_up(self, batch_size: int) -> None:
+        """Batch 1 and `batch_size`, from the network's input to each image's detections at the
+        archive's default options (the batched postprocess runs apart from the network)."""
         image = torch.zeros(3, *WARM_UP_SIZE_HW, dtype=torch.uint8, device=self.device)
         with torch.inference_mode():
             for count in sorted({1, batch_size}):
-                self.forward(self.model_input([image] * count))
+                images = [image] * count
+                options = [self.settings.defaults] * count
+                model_input = self.model_input(images, options)
+                self.detections(self.forward(model_input), model_input, images, options)
+
+def postprocesses_batched(settings: DetectorSettings, device: torch.device, network: Any) -> bool:
+    """Whether the batch's postprocess is handlers.task.ssd_postprocess's: for a torchvision
+    SSD-family detector, as `detection.postprocess` says, `auto` on a GPU (a fixed number of
+    synchronisations per batch) and not on a CPU (torchvision's loop is the faster there)."""
+    if settings.output_format != "torchvision" or settings.postprocess == "per-image":
+        return False
+    try:
+        ssd_input_size_hw(network)
+    except NotAnSsdDetector:
+        if settings.postprocess == "batched":
+            raise SettingsError("'detection.postprocess: batched' applies to SSD-family detectors "
+                                "(SSD300, SSDlite)") from None
+        return False
+    return settings.postprocess == "batched" or device.type == "cuda"

@@ -20,6 +20,10 @@ from handlers.model.runner_selection import ArchiveRunners, EngineModel
 
 ModelSourceKind = Literal["timm", "torchvision", "torchscript", "export"]
 DetectionOutput = Literal["torchvision", "yolo"]
+# An SSD-family detector's postprocess: `batched` (handlers.task.ssd_postprocess: the batch at once,
+# a fixed number of synchronisations), `per-image` (torchvision's own loop), `auto` (batched on a
+# GPU, torchvision's on a CPU, where its loop is the faster: docs/benchmarks.md).
+DetectorPostprocess = Literal["auto", "batched", "per-image"]
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 CpuTargetName = Literal["avx2", "avx512"]
 DEFAULT_COMPILED_LOAD_TIMEOUT_S = 30.0
@@ -90,6 +94,10 @@ class ClassifierSettings(HandlerSettings):
     compiled_packages: tuple[CompiledPackage, ...] = ()
     engine_models: tuple[EngineModel, ...] = ()      # written by the archive builder
     runner_order: Mapping[str, tuple[RunnerName, ...]] | None = None   # likewise
+    # A CUDA worker replays one CUDA graph per batch bucket, and runs fp16 / bf16 as weights of
+    # that dtype rather than autocast over float32 ones (handlers.model.cuda_batches).
+    cuda_graphs: bool = False
+    cuda_half_weights: bool = True
 
     @property
     def archive_runners(self) -> ArchiveRunners:
@@ -352,7 +360,15 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         compiled_packages=parse_compiled_packages(handler_section.get("compiled_packages")),
         engine_models=parse_engine_models(handler_section.get("engine_models")),
         runner_order=parse_order(handler_section.get("runner_order"), "runner_order"),
+        cuda_graphs=_switch(handler_section.get("cuda_graphs", False), "cuda_graphs"),
+        cuda_half_weights=_switch(handler_section.get("cuda_half_weights", True), "cuda_half_weights"),
     )
+
+
+def _switch(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SettingsError(f"'{name}' must be true or false, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -362,6 +378,7 @@ class DetectorSettings(HandlerSettings):
     letterbox_fill: int
     defaults: DetectionOptions
     max_detections_cap: int
+    postprocess: DetectorPostprocess = "auto"
     # `compile:` of an SSD-family detector: its backbone and head on OpenVINO / ONNX Runtime, fp32
     # (handlers.model.ssd_engine); what the builder wrote, as for a classifier.
     compile: CompileSettings | None = None
@@ -419,6 +436,8 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
         letterbox_fill=fill,
         defaults=defaults,
         max_detections_cap=cap,
+        postprocess=_choice(detection.get("postprocess", "auto"), "detection.postprocess",
+                            DetectorPostprocess),
         precision=_choice(handler_section.get("precision", "fp32"), "precision", Precision),
         limits=parse_limits(handler_section.get("limits", {})),
         compile=parse_detector_compile(handler_section.get("compile"), detection.get("output")),

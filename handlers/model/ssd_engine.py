@@ -12,11 +12,13 @@ region stage between backbone and head; they serve eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import nn
 from torchvision.models.detection.image_list import ImageList
+from torchvision.transforms.v2 import functional as F
 
 from handlers.model.answer_agreement import probability_bound
 
@@ -68,6 +70,39 @@ def image_anchors_xyxy(network: Any) -> torch.Tensor:
     with torch.inference_mode():
         features = feature_maps(network.backbone, images)
         return network.anchor_generator(ImageList(images, [(height, width)]), features)[0]
+
+
+def ssd_input_batch(network: Any, images: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """uint8 `[3, H_i, W_i]` images -> the network's normalized `float[B, 3, S, S]` batch, as its
+    transform makes it from the float images (`transformed_batch`), bit for bit, with one
+    normalization and one resize per distinct size instead of one per image (its transform
+    normalizes, then resizes to the fixed size, bilinear, without antialiasing)."""
+    height, width = ssd_input_size_hw(network)
+    mean, std = ssd_normalization(tuple(network.transform.image_mean), tuple(network.transform.image_std),
+                                  device)
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for index, image in enumerate(images):
+        by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
+    parts: list[tuple[list[int], torch.Tensor]] = []
+    for indices in by_size.values():
+        same_size = torch.stack([images[index].to(device, non_blocking=True) for index in indices])
+        scaled = F.to_dtype(same_size, torch.float32, scale=True)
+        parts.append((indices, nn.functional.interpolate((scaled - mean) / std, size=[height, width],
+                                                         mode="bilinear", align_corners=False)))
+    if len(parts) == 1:
+        return parts[0][1]
+    batch = torch.empty((len(images), 3, height, width), dtype=torch.float32, device=device)
+    for indices, resized in parts:
+        batch[indices] = resized
+    return batch
+
+
+@lru_cache(maxsize=8)
+def ssd_normalization(mean: tuple[float, ...], std: tuple[float, ...],
+                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 `[C, 1, 1]` mean and std on `device`, made once."""
+    return (torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device),
+            torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device))
 
 
 def transformed_batch(network: Any, images: Sequence[torch.Tensor]) -> ImageList:

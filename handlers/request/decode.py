@@ -51,7 +51,7 @@ from handlers.request.image_header import (
     checked_header,
     read_header,
 )
-from handlers.request.jpeg_batches import decode_jpeg_run, pixel_bounded_chunks
+from handlers.request.jpeg_batches import byte_tensors, decode_jpeg_run, pixel_bounded_chunks
 from handlers.request.orientation import oriented
 
 __all__ = ["DecodeResult", "decode_image_bytes", "decode_images", "decode_with_headers", "read_header",
@@ -86,7 +86,7 @@ def _to_uint8_rgb(image: torch.Tensor) -> torch.Tensor:
 def decode_with_torchvision(data: bytes, header: ImageHeader) -> torch.Tensor:
     """One JPEG or still WebP on the CPU, in display orientation (a JPEG's from its header, as
     the batched path applies it)."""
-    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    (encoded,) = byte_tensors([data])
     try:
         image = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=False)
     except RuntimeError as error:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ from handlers.ground.errors import ClientError
 
 TensorOutput = dict[str, Any]
 BINARY_HEADER = "Inference-Header-Content-Length"
+JSON_OBJECT_START = re.compile(rb"\s*\{")    # what bytes.lstrip() strips, then an object
 # Request parameters of the protocol itself, not options of the model.
 PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "binary_data_size", "timeout"})
 
@@ -127,9 +129,10 @@ def v2_to_row(body: Mapping[str, Any]) -> tuple[dict[str, Any], V2Request]:
     return {"body": {**options, "instances": _json_images(body.get("inputs"))}}, request
 
 
-def v2_json_in_bytes(body: bytes) -> Mapping[str, Any] | None:
-    """A v2 JSON request sent as bytes (no Content-Type), or None when `body` is not one."""
-    if body.lstrip()[:1] != b"{":
+def v2_json_in_bytes(body: bytes | bytearray) -> Mapping[str, Any] | None:
+    """A v2 JSON request sent as bytes (no Content-Type), or None when `body` is not one (found
+    without copying it: an image's first byte is not `{`)."""
+    if JSON_OBJECT_START.match(body) is None:
         return None
     try:
         parsed = json.loads(body)
@@ -138,13 +141,15 @@ def v2_json_in_bytes(body: bytes) -> Mapping[str, Any] | None:
     return parsed if is_v2_request(parsed) else None
 
 
-def binary_v2_to_row(body: bytes, json_length: str) -> tuple[dict[str, Any], V2Request]:
+def binary_v2_to_row(body: bytes | bytearray, json_length: str) -> tuple[dict[str, Any], V2Request]:
     """A request in the binary tensor extension -> the row a multipart request of the same
     content would be (`{"instances": [<image bytes>, ...], **options}`, or `{"data": <image
-    bytes>, **options}` for a UINT8 input); ClientError(400)."""
+    bytes>, **options}` for a UINT8 input); ClientError(400). Each image's bytes are copied out
+    of `body` once."""
+    whole = memoryview(body)
     try:
         length = int(json_length)
-        parsed = json.loads(body[:length])
+        parsed = json.loads(bytes(whole[:length]))
     except ValueError:
         raise _invalid(f"{BINARY_HEADER} is {json_length!r} but the body does not start with that "
                        "many bytes of JSON") from None
@@ -152,7 +157,7 @@ def binary_v2_to_row(body: bytes, json_length: str) -> tuple[dict[str, Any], V2R
         raise _invalid("the JSON part must be an inference request with 'inputs'")
     request, options = request_fields(parsed)
     tensor = _image_tensor(parsed["inputs"])
-    data = body[length:]
+    data = whole[length:]
     size = (tensor.get("parameters") or {}).get("binary_data_size")
     if not isinstance(size, int) or size != len(data):
         raise _invalid(f"the input's binary_data_size ({size!r}) must be the {len(data)} bytes "
@@ -161,20 +166,21 @@ def binary_v2_to_row(body: bytes, json_length: str) -> tuple[dict[str, Any], V2R
     if datatype == "UINT8":
         if shape != [size]:
             raise _invalid(f"a UINT8 input holds one encoded image: shape [{size}], got {shape!r}")
-        return {**options, "data": data}, request
+        return {**options, "data": bytes(data)}, request
     if datatype != "BYTES":
         raise _invalid(f"input datatype must be BYTES or UINT8 (encoded images), got {datatype!r}")
     return {**options, "instances": _bytes_elements(data, _image_count(tensor))}, request
 
 
-def _bytes_elements(data: bytes, count: int) -> list[bytes]:
-    """`count` BYTES elements, each a 4-byte little-endian length and that many bytes."""
+def _bytes_elements(data: memoryview, count: int) -> list[bytes]:
+    """`count` BYTES elements, each a 4-byte little-endian length and that many bytes (copied
+    out of `data`)."""
     elements, at = [], 0
     for _ in range(count):
         length = int.from_bytes(data[at:at + 4], "little") if at + 4 <= len(data) else -1
         if length < 0 or at + 4 + length > len(data):
             raise _invalid("a BYTES element is a 4-byte little-endian length and that many bytes")
-        elements.append(data[at + 4:at + 4 + length])
+        elements.append(bytes(data[at + 4:at + 4 + length]))
         at += 4 + length
     if at != len(data):
         raise _invalid(f"{len(data) - at} bytes after the {count} BYTES element(s) the shape says")

@@ -18,6 +18,7 @@ each call, so a worker decodes one call at a time; that is its own batch's decod
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -44,9 +45,17 @@ def _drain(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+def byte_tensors(encoded: Sequence[bytes]) -> list[torch.Tensor]:
+    """`uint8[N]` tensors over the encoded images' own memory, no copy: the decoders only read
+    them. (torch warns that a `bytes` object is not writable; nothing writes to these.)"""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+        return [torch.frombuffer(data, dtype=torch.uint8) for data in encoded]
+
+
 def _decode_call(encoded: Sequence[bytes], device: torch.device) -> list[torch.Tensor]:
     _drain(device)
-    tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in encoded]
+    tensors = byte_tensors(encoded)
     decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, apply_exif_orientation=False,
                           device=device)
     return list(decoded)

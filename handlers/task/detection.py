@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypedDict
 
+import numpy as np
 import torch
 from torchvision.ops import batched_nms, box_convert
 
@@ -21,13 +22,15 @@ from handlers.task.letterbox import Letterbox
 
 @dataclass(frozen=True)
 class DetectorInput:
-    """A list of float images (torchvision), or a letterboxed batch and its letterboxes (YOLO);
-    `lowest_score_asked`: the lowest score threshold of the batch's requests (None: not known,
-    so every candidate the model's own threshold lets through is kept)."""
+    """A list of float images (torchvision), a letterboxed batch and its letterboxes (YOLO), or an
+    SSD's resized batch and its images' sizes (the batched postprocess); `lowest_score_asked`:
+    the lowest score threshold of the batch's requests (None: not known, so every candidate the
+    model's own threshold lets through is kept)."""
 
     images: list[torch.Tensor] | torch.Tensor
     letterboxes: list[Letterbox] | None = None
     lowest_score_asked: float | None = None
+    original_sizes_hw: list[tuple[int, int]] | None = None     # a resized batch's images' own sizes
 
 
 def lowest_score_asked(options: Sequence[DetectionOptions] | None) -> float | None:
@@ -47,8 +50,7 @@ def candidate_score_threshold(model_threshold: float, lowest_asked: float | None
     candidates that are answered are decided by higher-scoring candidates only."""
     if lowest_asked is None:
         return model_threshold
-    just_below = torch.nextafter(torch.tensor(lowest_asked, dtype=torch.float32),
-                                 torch.tensor(-1.0, dtype=torch.float32)).item()
+    just_below = float(np.nextafter(np.float32(lowest_asked), np.float32(-1.0)))   # host arithmetic
     return max(model_threshold, just_below)
 
 

@@ -85,17 +85,27 @@ def axis_taps(input_size: int, output_size: int) -> AxisTaps:
     return AxisTaps(tuple(firsts), weights, precision)
 
 
-def _resample_last_axis(images: torch.Tensor, taps: AxisTaps) -> torch.Tensor:
+@lru_cache(maxsize=512)
+def device_taps(input_size: int, output_size: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`axis_taps` as tensors on `device`, made once per (sizes, device): the input index each
+    tap reads, `int64[taps, output]` (clamped to the input: past the support the weight is 0),
+    its weight, `int32[taps, output]`, and the precision."""
+    taps = axis_taps(input_size, output_size)
+    first = torch.tensor(taps.first, dtype=torch.int64)
+    index = (first[None, :] + torch.arange(taps.taps)[:, None]).clamp_(max=input_size - 1)
+    weights = torch.tensor(taps.weights, dtype=torch.int32).T.contiguous()
+    return index.to(device), weights.to(device), taps.precision
+
+
+def _resample_last_axis(images: torch.Tensor, output_size: int) -> torch.Tensor:
     """int32 `[..., L]` -> int32 `[..., output]` holding 0..255: one fixed-point pass."""
-    device, length = images.device, images.shape[-1]
-    first = torch.tensor(taps.first, dtype=torch.int64, device=device)
-    weights = torch.tensor(taps.weights, dtype=torch.int32, device=device)
-    total = torch.full((*images.shape[:-1], len(taps.first)), 1 << (taps.precision - 1),
-                       dtype=torch.int32, device=device)
-    for tap in range(taps.taps):
-        index = (first + tap).clamp_(max=length - 1)    # past the support the weight is 0
-        total += images.index_select(-1, index) * weights[:, tap]
-    return (total >> taps.precision).clamp_(0, 255)
+    index, weights, precision = device_taps(images.shape[-1], output_size, images.device)
+    total = torch.full((*images.shape[:-1], output_size), 1 << (precision - 1),
+                       dtype=torch.int32, device=images.device)
+    for tap in range(index.shape[0]):
+        total += images.index_select(-1, index[tap]) * weights[tap]
+    return (total >> precision).clamp_(0, 255)
 
 
 def resize_exact(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor:
@@ -105,10 +115,15 @@ def resize_exact(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor
     out_h, out_w = size_hw
     result = images.to(torch.int32)
     if out_w != width:
-        result = _resample_last_axis(result, axis_taps(width, out_w))
+        result = _resample_last_axis(result, out_w)
     if out_h != height:
-        result = _resample_last_axis(result.transpose(-1, -2), axis_taps(height, out_h)).transpose(-1, -2)
+        result = _resample_last_axis(result.transpose(-1, -2), out_h).transpose(-1, -2)
     return result.to(torch.uint8).contiguous()
+
+
+def aten_kernel_serves(device: torch.device) -> bool:
+    """Whether ATen's own uint8 kernel resizes on `device` (the CPU's); elsewhere `resize_exact`."""
+    return device.type == "cpu"
 
 
 def resize_uint8(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor:
@@ -118,7 +133,7 @@ def resize_uint8(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor
         raise TypeError(f"resize_uint8 takes uint8 images, got {images.dtype}")
     if tuple(images.shape[-2:]) == tuple(size_hw):
         return images
-    if images.device.type != "cpu":
+    if not aten_kernel_serves(images.device):
         return resize_exact(images, size_hw)
     batch = images if images.ndim == 4 else images.unsqueeze(0)
     resized = F.interpolate(batch, size=list(size_hw), mode="bilinear", antialias=True,

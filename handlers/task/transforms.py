@@ -8,6 +8,7 @@ handlers.task.fixed_point_resize); the crops are then normalized as one batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 from torchvision.transforms.v2 import functional as F
@@ -40,6 +41,9 @@ def resized_crops(images: Sequence[torch.Tensor], resize_size: int, crop_size: i
     by_size: dict[tuple[int, int], list[int]] = {}
     for index, image in enumerate(images):
         by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
+    if len(by_size) == 1:       # one size: no scatter into a batch (an index made on the host)
+        return resize_and_center_crop(stacked([image.to(device, non_blocking=True) for image in images]),
+                                      resize_size, crop_size)
     crops = torch.empty((len(images), 3, crop_size, crop_size), dtype=torch.uint8, device=device)
     for indices in by_size.values():
         same_size = stacked([images[index].to(device, non_blocking=True) for index in indices])
@@ -61,9 +65,21 @@ def stacked(images: Sequence[torch.Tensor]) -> torch.Tensor:
 def normalize_batch(
     batch_uint8: torch.Tensor, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype
 ) -> torch.Tensor:
-    """`uint8[B, 3, H, W]` -> `dtype[B, 3, H, W]`: scaled to [0, 1], then (x - mean) / std."""
+    """`uint8[B, 3, H, W]` -> `dtype[B, 3, H, W]`: scaled to [0, 1], then (x - mean) / std, as
+    torchvision's `normalize` computes it, with mean and std kept on the device."""
     scaled = F.to_dtype(batch_uint8, torch.float32, scale=True)
-    return F.normalize(scaled, list(mean), list(std)).to(dtype)
+    mean_t, std_t = channel_constants(tuple(mean), tuple(std), batch_uint8.device)
+    return scaled.sub_(mean_t).div_(std_t).to(dtype)
+
+
+@lru_cache(maxsize=64)
+def channel_constants(mean: tuple[float, ...], std: tuple[float, ...],
+                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 `[C, 1, 1]` mean and std on `device`, made once (not copied there every batch)."""
+    if any(value == 0 for value in std):
+        raise ValueError(f"std has a zero, which normalization would divide by: {std}")
+    return (torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device),
+            torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device))
 
 
 def preprocess_classification_batch(

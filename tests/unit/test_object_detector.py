@@ -18,7 +18,12 @@ from handlers.model.model_loading import create_architecture
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.request.decode import decode_image_bytes
 from tests.archives import archive_context, extract_archive, load_detector, stage_model_dir
-from tests.detections import assert_same_detections, rows_from_eager
+from tests.detections import (
+    assert_identical_but_tie_order,
+    assert_same_detections,
+    rows_from_answer,
+    rows_from_eager,
+)
 from tests.images import encode, photo_bytes
 from torchserve_vision.archives.build import build_archive, model_source
 from torchserve_vision.model_descriptions import parse_description
@@ -203,3 +208,37 @@ def test_bad_options_and_bad_images_fail_alone(yolo_handler):
     assert [context.status(i) for i in range(3)] == [200, 400, 400]
     assert answers[0][0]["label"] == "bright"
     assert answers[2]["type"] == "InvalidParameter"
+
+
+def with_postprocess(model_dir: Path, target: Path, postprocess: str) -> Path:
+    """A copy of a staged model directory whose archive YAML sets `detection.postprocess`."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(model_dir, target)
+    config_path = target / "model-config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    config["handler"].setdefault("detection", {})["postprocess"] = postprocess
+    config_path.write_text(yaml.safe_dump(config))
+    return target
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", ["ssdlite320_mobilenet_v3_large"])
+def test_the_batched_postprocess_answers_as_torchvisions_own(architecture, tmp_path):
+    """handlers.task.ssd_postprocess (a GPU worker's choice) forced on the CPU: the same answers as
+    the network's own postprocess (detections of exactly equal score in either's order), for
+    requests with their own thresholds, classes and caps in one batch."""
+    (tmp_path / "staged").mkdir()
+    staged = stage_model_dir(describe(architecture, FAMILIES[architecture]), tmp_path / "staged")
+    per_image = load_detector(with_postprocess(staged, tmp_path / "per-image", "per-image"))
+    batched = load_detector(with_postprocess(staged, tmp_path / "batched", "batched"))
+    assert (per_image.detector.postprocess, batched.detector.postprocess) == ("per-image", "batched")
+    images = [photo_bytes(name) for name in PHOTOS]
+    for options in (EVERYTHING, {"score_threshold": 0.3},
+                    {"score_threshold": 0.1, "classes": ["person", "kite"], "max_detections": 3}):
+        expected = ask(per_image, images, **options)
+        for ours, theirs in zip(ask(batched, images, **options), expected, strict=True):
+            assert_identical_but_tie_order(rows_from_answer(ours), rows_from_answer(theirs))
+    assert any(expected)

@@ -91,3 +91,11 @@ def test_decoded_images_stack_channels_last_and_crop_as_one_by_one():
     crops = resized_crops(mixed, 72, 64, CPU)
     for image, crop in zip(mixed, crops, strict=True):
         assert torch.equal(crop, resize_and_center_crop(image, 72, 64))
+
+
+def test_normalize_gives_torchvisions_normalize_bit_for_bit():
+    generator = torch.Generator().manual_seed(5)
+    batch = torch.randint(0, 256, (4, 3, 17, 23), dtype=torch.uint8, generator=generator)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    expected = F.normalize(F.to_dtype(batch, torch.float32, scale=True), list(mean), list(std))
+    assert torch.equal(normalize_batch(batch, mean, std, torch.float32), expected)

@@ -138,8 +138,12 @@ def gpu_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference-batches", type=int, nargs="+", default=list(defaults.reference_batches))
     parser.add_argument("--detector-batches", type=int, nargs="+", default=list(defaults.detector_batches))
     parser.add_argument("--models", type=Path, default=defaults.models)
-    parser.add_argument("--steps", nargs="+", default=list(defaults.steps), choices=gpu_lab.STEPS,
-                        help="measure only these (default: all; the ratios need all)")
+    parser.add_argument("--steps", nargs="+", default=list(defaults.steps),
+                        choices=(*gpu_lab.STEPS, *gpu_lab.LEVER_STEPS),
+                        help="measure only these (default: all; the ratios need the first seven, "
+                             "syncs, levers and echo_workers measure a GPU batch's levers)")
+    parser.add_argument("--echo-workers", type=int, nargs="+", default=list(defaults.echo_workers),
+                        help="worker counts of the echo_workers step")
 
 
 def run_gpu(args: argparse.Namespace) -> int:
@@ -147,7 +151,7 @@ def run_gpu(args: argparse.Namespace) -> int:
         args.work_dir, args.duration, args.warm_up, tuple(args.loads), tuple(args.builtin_workers),
         images=args.images, processes=args.processes, precisions=tuple(args.precisions),
         reference_batches=tuple(args.reference_batches), detector_batches=tuple(args.detector_batches),
-        models=args.models, steps=tuple(args.steps))
+        models=args.models, steps=tuple(args.steps), echo_workers=tuple(args.echo_workers))
     def keep(record: dict) -> None:
         if args.record:
             args.record.write_text(json.dumps(record, indent=2))

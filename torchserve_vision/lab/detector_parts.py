@@ -1,7 +1,9 @@
 """Where a torchvision SSD-family detector's time goes, in one process on this CPU: its transform,
 backbone, head and postprocess (box decoding, score filter, per-class NMS) at the archive's
-served settings, the postprocess and the whole model again as a batch of requests at the
-default score threshold runs them (candidates under every request's threshold dropped first:
+served settings, and beside the transform and the postprocess the batch-at-once versions a GPU
+worker runs (handlers.model.ssd_engine.ssd_input_batch, handlers.task.ssd_postprocess); the
+postprocess and the whole model again as a batch of requests at the default score threshold
+runs them (candidates under every request's threshold dropped first:
 handlers.model.detector_formats.candidates_from), the whole model as the worker serves it (its
 backbone and head on the runner it chose: handlers.model.ssd_engine), and the backbone + head on
 each engine the archive has a model for (OpenVINO f32, bf16 where native; ONNX Runtime), or
@@ -34,8 +36,10 @@ from handlers.model.engine_runners import (
     openvino_core,
 )
 from handlers.model.runner_selection import EngineModel
-from handlers.model.ssd_engine import NotAnSsdDetector, SsdBackboneHead, ssd_input_size_hw
+from handlers.model.ssd_engine import NotAnSsdDetector, SsdBackboneHead, ssd_input_batch, ssd_input_size_hw
 from handlers.object_detector import ObjectDetectorHandler
+from handlers.task.detection import candidate_score_threshold
+from handlers.task.ssd_postprocess import RequestSelection, SsdPostprocessSettings, batched_ssd_detections
 from torchserve_vision.local_handler import archive_context, extract_archive
 from torchserve_vision.model_kinds import kind_of_entry_module
 from torchserve_vision.photos import PROBE_PHOTOS, photo_path
@@ -109,14 +113,21 @@ def measure_batch(handler: ObjectDetectorHandler, batch_size: int, threads: int,
         features = list(detector.backbone(images.tensors).values())
         head = detector.head(features)
         anchors = detector.anchor_generator(images, features)
+        uint8_batch = [(image * 255).round().to(torch.uint8) for image in batch]
         figures = {
             "transform": best_ms(lambda: detector.transform(batch), repeats, rounds),
+            "transform, batched": best_ms(lambda: ssd_input_batch(detector, uint8_batch, torch.device("cpu")),
+                                          repeats, rounds),
             "backbone": best_ms(lambda: detector.backbone(images.tensors), repeats, rounds),
             "head": best_ms(lambda: detector.head(features), repeats, rounds),
             "postprocess": best_ms(lambda: detector.postprocess_detections(
                 head, anchors, images.image_sizes), repeats, rounds),
+            "postprocess, batched": best_ms(batched_postprocess(detector, head, anchors[0], batch, None),
+                                            repeats, rounds),
             "whole": best_ms(lambda: detector(batch), repeats, rounds),
         }
+        figures[f"postprocess, batched, requests at {threshold}"] = best_ms(
+            batched_postprocess(detector, head, anchors[0], batch, threshold), repeats, rounds)
         with candidates_from(detector, threshold):
             figures[f"postprocess, requests at {threshold}"] = best_ms(
                 lambda: detector.postprocess_detections(head, anchors, images.image_sizes),
@@ -130,6 +141,18 @@ def measure_batch(handler: ObjectDetectorHandler, batch_size: int, threads: int,
             figures[f"{runner} backbone+head"] = best_ms(functools.partial(forward, images.tensors),
                                                          repeats, rounds)
     return figures
+
+
+def batched_postprocess(detector: Any, head: dict[str, torch.Tensor], anchors_xyxy: torch.Tensor,
+                        batch: Sequence[torch.Tensor], threshold: float | None) -> Callable[[], Any]:
+    """handlers.task.ssd_postprocess's postprocess and selection for the batch, every request at
+    `threshold` (None: the network's own threshold), as a call."""
+    lowest = candidate_score_threshold(float(detector.score_thresh), threshold)
+    selection = RequestSelection(threshold or 0.0, None, int(detector.detections_per_img))
+    sizes = [(int(image.shape[-2]), int(image.shape[-1])) for image in batch]
+    return lambda: batched_ssd_detections(
+        head["bbox_regression"], head["cls_logits"], anchors_xyxy, ssd_input_size_hw(detector), sizes,
+        SsdPostprocessSettings.of(detector), lowest, [selection] * len(batch))
 
 
 def measure(archive: Path, threads: int, batch_sizes: Sequence[int], repeats: int, rounds: int

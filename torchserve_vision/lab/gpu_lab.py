@@ -15,6 +15,14 @@ record (docs/benchmarks.md, "GPU").
    time per stage from its batch log; TorchServe's built-in `image_classifier` handler on the
    same weights at 1..16 workers (torch threads = cores / workers, batch and delay fixed), the
    best at the most clients measured at each load; the detector at each load.
+6. The levers of a GPU batch (`levers`, `syncs`, `echo_workers`): each archive variant (the
+   classifier with CUDA graphs, with autocast over float32 weights instead of half weights; the
+   detector with torchvision's per-image postprocess instead of the batched one: LEVERS) served
+   at the most clients beside the base archive, with its workers' cycle split from their batch
+   log (`batch_ms`, `waited_ms`); in-process on the same GPU, the host synchronisations of one
+   batch of each (torch.cuda's sync debug mode) and a torch.profiler trace of it (Chrome trace
+   JSON in the work directory, for what happens inside torchvision and nvJPEG); the echo model at
+   2, 4 and 8 workers. `planned_s` estimates a run's length before it starts.
 
 Load: one image per request, cycling through `images` distinct 720x720 JPEGs (4:2:0, quality 90)
 made from the project's photos. Without a GPU the same run rehearses on the CPU (slowly: use
@@ -63,6 +71,20 @@ BUILTIN = "builtin_resnet50"
 GOAL_IMAGES_PER_S = 10_000
 # What one run measures, in order; a run may ask for some of them (the ratios need them all).
 STEPS = ("answers", "in_process", "load_generator", "echo", "classifier", "builtin", "detector")
+LEVER_STEPS = ("syncs", "levers", "echo_workers")
+# Archive variants of the served models: (model, variant name, handler settings over its own).
+LEVERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    (CLASSIFIER, "graphs", {"cuda_graphs": True}),
+    (CLASSIFIER, "autocast", {"cuda_half_weights": False}),
+    (DETECTOR, "per_image_postprocess", {"detection": {"postprocess": "per-image"}}),
+)
+# Seconds a step spends apart from its measured loads (building a variant, registering it, its
+# workers starting), rounded up from a rehearsal on a 2-core CPU machine (2026-11-28: the three
+# steps in 93 s, builds included): what `planned_s` adds per variant, per server and per model
+# whose batch `syncs` measures.
+VARIANT_OVERHEAD_S = 15.0
+SERVER_OVERHEAD_S = 20.0
+SYNCS_PER_MODEL_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +101,8 @@ class GpuLabSettings:
     reference_batches: tuple[int, ...] = (64, 128, 256)
     detector_batches: tuple[int, ...] = (16, 64)
     models: Path = GPU_MODELS
-    steps: tuple[str, ...] = STEPS
+    steps: tuple[str, ...] = (*STEPS, *LEVER_STEPS)
+    echo_workers: tuple[int, ...] = (2, 4, 8)
 
 
 def lab_device() -> torch.device:
@@ -295,6 +318,129 @@ def builtin_sweep(client: TorchServeClient, store: Path, jpegs: Sequence[bytes],
             "max_batch_delay_ms": settings.builtin_batch_delay_ms}
 
 
+def variant_description(description: ModelDescription, variant: str,
+                        overrides: dict[str, Any]) -> ModelDescription:
+    """`description` under the name `<name>_<variant>`, its handler settings updated by
+    `overrides` (a nested section merged into its own)."""
+    options = dict(description.handler_options)
+    for key, value in overrides.items():
+        options[key] = {**options.get(key, {}), **value} if isinstance(value, dict) else value
+    return dataclasses.replace(description, name=f"{description.name}_{variant}", handler_options=options)
+
+
+def lever_variants(descriptions: Sequence[ModelDescription]) -> list[tuple[str, ModelDescription]]:
+    """(the served model it varies, the variant's description) for each of LEVERS."""
+    by_name = {description.name: description for description in descriptions}
+    return [(model, variant_description(by_name[model], variant, overrides))
+            for model, variant, overrides in LEVERS if model in by_name]
+
+
+def served_variants(client: TorchServeClient, store: Path, jpegs: Sequence[bytes], work: Path,
+                    settings: GpuLabSettings, descriptions: Sequence[ModelDescription],
+                    log: Path) -> dict[str, Any]:
+    """Each variant registered beside the base archive and driven at the most clients, with its
+    workers' stage times and cycle split; then unregistered."""
+    results: dict[str, Any] = {}
+    most = max(settings.loads)
+    for _, variant in lever_variants(descriptions):
+        build_archive(variant, store, "gpu", reference_requests=0)
+        register(client, store, variant.archive_name, variant.name, variant.serving)
+        try:
+            report, window = drive(client.prediction_url(variant.name), jpegs, most, work, settings,
+                                   variant.name)
+            row = summary(report)
+            with log.open(encoding="utf-8", errors="replace") as lines:
+                batches = [batch for batch in logged_batches(lines, variant.name, variant.version)
+                           if window[0] <= batch.at <= window[1]]
+            row["stages"] = stage_means(batches)
+            results[variant.name] = row
+        finally:
+            unregister_all(client, variant.name)
+    return results
+
+
+def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.device,
+                           descriptions: Sequence[ModelDescription]) -> dict[str, Any]:
+    """In-process on `device`: for each served model and each of its variants, one batch of its
+    batch size under torch.cuda's sync debug mode (the synchronisations it warns of) and under
+    torch.profiler (a Chrome trace in `work`/traces)."""
+    import base64
+    import warnings
+
+    from torchserve_vision.local_handler import archive_context, load_handler
+
+    gpu_id = (device.index or 0) if device.type == "cuda" else None
+    traces = work / "traces"
+    traces.mkdir(parents=True, exist_ok=True)
+    served = [description for description in descriptions if description.start]
+    candidates = [*served, *(variant for _, variant in lever_variants(descriptions))]
+    results: dict[str, Any] = {}
+    for description in candidates:
+        archive = store / description.archive_name
+        if not archive.is_file():
+            build_archive(description, store, "gpu", reference_requests=0)
+        handler = load_handler(extract_archive(archive, work / "syncs" / description.name),
+                               description.serving.batch_size, gpu_id)
+        body = ((lambda jpeg: {"body": {"data": base64.b64encode(jpeg).decode()}})
+                if description.kind.network == "detector" else (lambda jpeg: {"body": bytearray(jpeg)}))
+        rows = [body(jpeg) for jpeg in jpegs[:description.serving.batch_size]]
+
+        def run_batch(handler: Any = handler, rows: list[dict[str, Any]] = rows) -> None:
+            handler.handle(rows, archive_context(handler.model_dir, request_headers=[{} for _ in rows]))
+
+        run_batch()
+        counted = 0
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    run_batch()
+                counted = sum("synchroniz" in str(warning.message) for warning in caught)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        trace = traces / f"{description.name}.json"
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with torch.profiler.profile(activities=activities) as profiler:
+            run_batch()
+        profiler.export_chrome_trace(str(trace))
+        results[description.name] = {"batch": len(rows), "synchronisations": counted,
+                                     "trace": str(trace)}
+        say(f"syncs {description.name}: {counted} in a batch of {len(rows)} (trace {trace})")
+    return results
+
+
+def echo_at_workers(client: TorchServeClient, store: Path, jpegs: Sequence[bytes], work: Path,
+                    settings: GpuLabSettings) -> list[dict[str, Any]]:
+    return [echo_ceiling(client, store, jpegs, work, settings, workers) for workers in settings.echo_workers]
+
+
+def planned_s(settings: GpuLabSettings, descriptions: Sequence[ModelDescription]) -> float:
+    """About how long a run of `settings` takes apart from building the served archives and the
+    answer check: each measured load is a warm-up and a duration, each variant, server and
+    measured batch their overhead (VARIANT_OVERHEAD_S, SERVER_OVERHEAD_S, SYNCS_PER_MODEL_S)."""
+    load_s = settings.warm_up_s + settings.duration_s
+    wanted = set(settings.steps)
+    plan = 0.0
+    if wanted & {"echo", "classifier", "builtin", "detector", "levers", "echo_workers"}:
+        plan += SERVER_OVERHEAD_S
+    plan += load_s * (("echo" in wanted) + len(settings.loads) * (("classifier" in wanted)
+                                                                  + ("detector" in wanted)))
+    if "builtin" in wanted:
+        plan += (load_s + VARIANT_OVERHEAD_S) * len(settings.builtin_workers) + load_s * len(settings.loads)
+    if "levers" in wanted:
+        plan += (load_s + VARIANT_OVERHEAD_S) * len(lever_variants(descriptions))
+    if "echo_workers" in wanted:
+        plan += (load_s + VARIANT_OVERHEAD_S) * len(settings.echo_workers)
+    if "syncs" in wanted:
+        served = [description for description in descriptions if description.start]
+        plan += SYNCS_PER_MODEL_S * (len(lever_variants(descriptions)) + len(served))
+    if "load_generator" in wanted:
+        plan += load_s
+    return plan
+
+
 def ratios(record: dict[str, Any], loads: Sequence[int]) -> dict[str, Any]:
     most = str(max(loads))
     ours = record["served"][CLASSIFIER][most]["images_per_s"]
@@ -339,7 +485,8 @@ def run_gpu_lab(settings: GpuLabSettings,
             say(f"{name} FAILED: {type(error).__name__}: {error}")
         on_step(record)
 
-    say(f"lab gpu on {record['machine']['device']} (torch {torch.__version__})")
+    say(f"lab gpu on {record['machine']['device']} (torch {torch.__version__}), about "
+        f"{planned_s(settings, descriptions) / 60:.1f} minutes besides building and the answer check")
     jpegs = distinct_jpegs(settings.images)
     wanted = set(settings.steps)
     build_models([d for d in descriptions if d.start or (d.name == ANSWERS_MODEL and "answers" in wanted)],
@@ -347,7 +494,8 @@ def run_gpu_lab(settings: GpuLabSettings,
     step("answers", lambda: answer_check(store, work, device, settings.precisions))
     step("in_process", lambda: in_process(store, work, jpegs, device, settings))
     step("load_generator", lambda: load_generator_ceiling(jpegs, work, settings))
-    if wanted & {"echo", "classifier", "builtin", "detector"}:
+    step("syncs", lambda: batch_synchronisations(store, work, jpegs, device, descriptions))
+    if wanted & {"echo", "classifier", "builtin", "detector", "levers", "echo_workers"}:
         classifier = next(d for d in descriptions if d.start and d.name == CLASSIFIER)
         with lab_server(work, store, descriptions) as (instance, ready_s):
             client, log = instance.client(timeout_s=60), instance.log_dir / "model_log.log"
@@ -361,6 +509,8 @@ def run_gpu_lab(settings: GpuLabSettings,
                                                   classifier.serving.batch_size))
             step("detector", lambda: served(client, DETECTOR, jpegs, work, settings, log),
                  served_by_model, DETECTOR)
+            step("levers", lambda: served_variants(client, store, jpegs, work, settings, descriptions, log))
+            step("echo_workers", lambda: echo_at_workers(client, store, jpegs, work, settings))
     if wanted >= set(STEPS):
         wanted.add("ratios")
         step("ratios", lambda: ratios(record, settings.loads))
@@ -401,6 +551,13 @@ def as_text(record: dict[str, Any]) -> str:
         for clients, row in builtin["best"].items():
             lines.append(f"built-in {clients:>3} clients: {row['images_per_s']:.0f} images/s, "
                          f"p50 {row['p50_ms']:.1f} ms")
+    for name, row in record.get("levers", {}).items():
+        lines.append(f"lever {name}: {row['images_per_s']:.0f} images/s, p50 {row['p50_ms']:.1f} ms"
+                     + (f"\n    stages {json.dumps(row['stages'])}" if row.get("stages") else ""))
+    for name, row in record.get("syncs", {}).items():
+        lines.append(f"synchronisations {name}: {row['synchronisations']} in a batch of {row['batch']}")
+    for row in record.get("echo_workers", []):
+        lines.append(f"echo model ({row['workers']} workers): {row['images_per_s']:.0f}/s")
     lines += [f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}"
               for name, value in record.get("ratios", {}).items()]
     lines += [f"FAILED {name}: {why}" for name, why in record.get("failed", {}).items()]

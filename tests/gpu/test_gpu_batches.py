@@ -1,0 +1,123 @@
+"""On a GPU, the batch-at-once paths of a CUDA worker: the detector's postprocess
+(handlers.task.ssd_postprocess) answers as torchvision's own loop on the same device (detections
+of exactly equal score in either's order); a classifier
+replaying CUDA graphs per bucket (`cuda_graphs: true`) answers as the same archive without them,
+within the precision's bound; and the host synchronisations torch.cuda's sync debug mode sees in a
+classifier batch are as many for 16 images as for one.
+
+Marked `gpu` (see tests/gpu/test_gpu_answers.py); `--gpu-device cpu` rehearses the first two on a
+CPU, where graphs are not used and the two archives must agree exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from handlers.model.answer_agreement import probability_bound
+from tests.answers import default_classifier
+from tests.archives import archive_context, stage_model_dir
+from tests.detections import assert_identical_but_tie_order, rows_from_answer
+from torchserve_vision import paths
+from torchserve_vision.lab.benchmark_images import distinct_jpegs
+from torchserve_vision.local_handler import load_handler
+from torchserve_vision.model_descriptions import load_descriptions
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    chosen = torch.device(request.config.getoption("--gpu-device"))
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise AssertionError(f"--gpu asks for {chosen}, and torch sees no CUDA device here")
+    return chosen
+
+
+def gpu_id_of(device: torch.device) -> int | None:
+    return (device.index or 0) if device.type == "cuda" else None
+
+
+def answers(handler: Any, rows: list[dict[str, Any]]) -> list[Any]:
+    context = archive_context(handler.model_dir, request_headers=[{} for _ in rows])
+    bodies = handler.handle(rows, context)
+    assert [context.status(index) for index in range(len(rows))] == [200] * len(rows)
+    return [json.loads(body) for body in bodies]
+
+
+@pytest.fixture(scope="module")
+def ssdlite_for_gpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    (description,) = [d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == "ssdlite320"]
+    return stage_model_dir(description, tmp_path_factory.mktemp("ssdlite-gpu"), "gpu")
+
+
+@pytest.mark.parametrize("threshold", [0.3, 0.001])
+def test_the_batched_detector_postprocess_answers_as_torchvisions_on_the_device(ssdlite_for_gpus, device,
+                                                                               threshold):
+    import base64
+
+    import yaml
+
+    detection = yaml.safe_load((ssdlite_for_gpus / "model-config.yaml").read_text())["handler"]["detection"]
+    handlers: dict[str, Any] = {
+        postprocess: load_handler(ssdlite_for_gpus, 16, gpu_id_of(device),
+                                  {"detection": {**detection, "postprocess": postprocess}})
+        for postprocess in ("per-image", "batched")}
+    assert handlers["batched"].detector.postprocess == "batched"
+    rows = [{"body": {"data": base64.b64encode(jpeg).decode(), "score_threshold": threshold,
+                      "max_detections": 300}} for jpeg in distinct_jpegs(16, seed=7)]
+    expected = answers(handlers["per-image"], rows)
+    for ours, theirs in zip(answers(handlers["batched"], rows), expected, strict=True):
+        assert_identical_but_tie_order(rows_from_answer(ours), rows_from_answer(theirs))
+    assert sum(map(len, expected)) > 0
+
+
+@pytest.fixture(scope="module")
+def lite0_fp16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import dataclasses
+
+    description = dataclasses.replace(default_classifier(), handler_options={
+        **default_classifier().handler_options, "precision": "fp16"})
+    return stage_model_dir(description, tmp_path_factory.mktemp("lite0-fp16"), "gpu")
+
+
+def test_cuda_graphs_answer_as_the_same_archive_without_them(lite0_fp16, device):
+    plain = load_handler(lite0_fp16, 16, gpu_id_of(device), {"cuda_graphs": False})
+    graphed = load_handler(lite0_fp16, 16, gpu_id_of(device), {"cuda_graphs": True})
+    bound = probability_bound(plain.precision)
+    for count in (1, 5, 16):
+        rows = [{"body": bytearray(jpeg)} for jpeg in distinct_jpegs(count, seed=count)]
+        for without, with_graphs in zip(answers(plain, rows), answers(graphed, rows), strict=True):
+            assert [a["index"] for a in without[:1]] == [b["index"] for b in with_graphs[:1]]
+            by_index = {answer["index"]: answer["probability"] for answer in with_graphs}
+            for answer in without:
+                if answer["index"] in by_index:
+                    assert abs(answer["probability"] - by_index[answer["index"]]) <= bound
+
+
+def synchronisations(handler: Any, rows: list[dict[str, Any]]) -> int:
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            answers(handler, rows)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(warning.message) for warning in caught)
+
+
+def test_a_classifier_batch_synchronises_as_often_for_16_images_as_for_1(lite0_fp16, device):
+    if device.type != "cuda":
+        pytest.skip("torch.cuda's sync debug mode needs a CUDA device; the CPU counts the same "
+                    "operations in tests/unit/test_gpu_round_trips.py")
+    handler = load_handler(lite0_fp16, 16, gpu_id_of(device))
+    jpegs = distinct_jpegs(17, seed=9)
+    synchronisations(handler, [{"body": bytearray(jpegs[-1])}])
+    counts = [synchronisations(handler, [{"body": bytearray(jpeg)} for jpeg in jpegs[:count]])
+              for count in (1, 16)]
+    assert counts[0] == counts[1], counts

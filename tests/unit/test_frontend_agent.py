@@ -141,3 +141,18 @@ def test_the_jar_goes_to_the_users_cache_where_the_environment_is_not_writable(t
     installed.parent.mkdir(parents=True)
     installed.write_bytes(b"jar")
     assert agent.agent_jar_path() == installed      # one that exists is found before a writable one
+
+
+def test_a_jar_placed_beside_the_sources_is_taken_where_none_was_built(tmp_path: Path, monkeypatch):
+    """A host without javac gets the jar in a bundle, put beside the sources."""
+    monkeypatch.setattr(agent, "jar_directories", lambda: [tmp_path / "prefix", tmp_path / "cache"])
+    monkeypatch.setattr(agent, "SOURCES", tmp_path / "sources")
+    placed = tmp_path / "sources" / "build" / agent.agent_jar_name()
+    assert agent.agent_jar_path() == tmp_path / "prefix" / agent.agent_jar_name()     # built there
+    placed.parent.mkdir(parents=True)
+    placed.write_bytes(b"jar")
+    assert agent.agent_jar_path() == placed
+    built = tmp_path / "prefix" / agent.agent_jar_name()
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"jar")
+    assert agent.agent_jar_path() == built                     # the environment's first

@@ -59,11 +59,18 @@ def frontend_jar() -> Path:
 
 
 def jar_directories() -> list[Path]:
-    """Where the jar may be, in the order looked at: the environment's data directory, then the
+    """Where the jar is built, in the order tried: the environment's data directory, then the
     user's cache directory. Neither depends on the working directory or on where this module was
     imported from."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return [Path(sysconfig.get_path("data")) / "share" / "torchserve-vision", cache / "torchserve-vision"]
+
+
+def placed_jar_directory() -> Path:
+    """Where a jar built elsewhere may be put beside these sources, for a host without javac
+    (../shared/gpu's bundle for a GPU host does): looked at after `jar_directories`, never built
+    into. Its name carries the sources' digest, so only a jar of these sources is taken."""
+    return SOURCES / "build"
 
 
 def writable(directory: Path) -> bool:
@@ -80,10 +87,12 @@ def agent_jar_name() -> str:
 
 
 def agent_jar_path() -> Path:
-    """Where the jar of these sources is, or will be written: the first directory that has it,
-    else the first writable one."""
+    """Where the jar of these sources is, or will be written: the first directory that has it
+    (`jar_directories`, then `placed_jar_directory`), else the first writable one of
+    `jar_directories`."""
     name, directories = agent_jar_name(), jar_directories()
-    existing = [directory / name for directory in directories if (directory / name).is_file()]
+    existing = [directory / name for directory in (*directories, placed_jar_directory())
+                if (directory / name).is_file()]
     if existing:
         return existing[0]
     return next((directory / name for directory in directories if writable(directory)),

@@ -19,7 +19,7 @@ from handlers.model.compiled_model import EagerModel, MachineTarget, Runner
 from handlers.model.cuda_batches import BucketedRunner, graph_backend, half_weights_dtype
 from handlers.model.host_batches import loads_of
 from handlers.model.model_loading import autocast, load_for_serving
-from handlers.model.runner_selection import RunnerChoice, choose_runner
+from handlers.model.runner_selection import EAGER, RunnerChoice, choose_runner
 from handlers.model.settings import ClassifierSettings
 from handlers.task.transforms import preprocess_classification_batch
 
@@ -89,7 +89,7 @@ class ClassifierModel:
         now (handlers.model.cuda_batches)."""
         size = self.settings.input_size
         with torch.inference_mode():
-            if self.device.type == "cuda" and self.runner.runner == "eager":
+            if self.device.type == "cuda" and self.runner.runner == EAGER:
                 self.run = self.bucketed(batch_size)
                 self.run.warm_up()
                 return

@@ -89,6 +89,7 @@ class DetectorModel:
                 model_input = self.model_input(images, options)
                 self.detections(self.forward(model_input), model_input, images, options)
 
+
 def postprocesses_batched(settings: DetectorSettings, device: torch.device, network: Any) -> bool:
     """Whether the batch's postprocess is handlers.task.ssd_postprocess's: for a torchvision
     SSD-family detector, as `detection.postprocess` says, `auto` on a GPU (a fixed number of

@@ -34,14 +34,15 @@ class NotAnSsdDetector(ValueError):
 
 
 def ssd_input_size_hw(network: Any) -> tuple[int, int]:
-    """The fixed size an SSD-family detector's transform resizes every image to;
-    NotAnSsdDetector for any other network."""
+    """The fixed (height, width) an SSD-family detector's transform resizes every image to;
+    NotAnSsdDetector for any other network. (torchvision keeps it as `fixed_size`, (width,
+    height), and resizes to `[fixed_size[1], fixed_size[0]]`.)"""
     parts = ("transform", "backbone", "head", "anchor_generator", "postprocess_detections", "box_coder")
     fixed = getattr(getattr(network, "transform", None), "fixed_size", None)
     if not all(hasattr(network, part) for part in parts) or fixed is None:
         raise NotAnSsdDetector(f"{type(network).__name__} is not a torchvision SSD-family detector "
                                "with a fixed input size (SSD300, SSDlite)")
-    return int(fixed[0]), int(fixed[1])
+    return int(fixed[1]), int(fixed[0])
 
 
 class SsdBackboneHead(nn.Module):

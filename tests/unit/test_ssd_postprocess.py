@@ -167,3 +167,22 @@ def test_cluster_nms_settles_past_one_check_when_suppressions_chain():
     suppresses = pairwise_iou_exceeds(chain, 0.2) & later
     kept = cluster_nms(suppresses, torch.ones(length, dtype=torch.bool))
     assert kept.tolist() == [index % 2 == 0 for index in range(length)]
+
+
+@pytest.mark.parametrize("fixed_size_wh", [(320, 320), (320, 256)])
+def test_the_batched_transform_is_the_networks_bit_for_bit(fixed_size_wh):
+    """Images of three sizes (two alike) through `ssd_input_batch` and through the network's own
+    transform (normalize, then resize to its fixed size, (width, height) in torchvision)."""
+    from torchvision.models.detection import ssdlite320_mobilenet_v3_large
+
+    from handlers.model.ssd_engine import ssd_input_batch, transformed_batch
+
+    network = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None).eval()
+    network.transform.fixed_size = fixed_size_wh
+    generator = torch.Generator().manual_seed(1)
+    uint8 = [torch.randint(0, 256, (3, *size_hw), dtype=torch.uint8, generator=generator)
+             for size_hw in [(480, 640), (300, 451), (480, 640)]]
+    expected = transformed_batch(network, [F.to_dtype(image, torch.float32, scale=True) for image in uint8])
+    batch = ssd_input_batch(network, uint8, torch.device("cpu"))
+    assert torch.equal(batch, expected.tensors)
+    assert expected.image_sizes == [ssd_input_size_hw(network)] * 3

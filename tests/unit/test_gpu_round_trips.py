@@ -14,8 +14,9 @@ What remains per batch, and why:
 - detector (handlers.task.ssd_postprocess): `scalar read` x 2: the longest class's candidate
   count (the IoU matrices' side) and one convergence check of the NMS (it settles within
   CONVERGENCE_CHECK_EVERY rounds on these photos; a longer chain of suppressions adds a check per
-  that many rounds); `tensor from Python data` x 1: each image's size and request (threshold,
-  cap, classes), copied to the device in one table; `copy to host (cpu)` x 1: the answers;
+  that many rounds); `tensor from Python data` x 3: each image's size and request (threshold,
+  cap, classes), copied to the device in one table, and the two 0.5 constants torchvision's
+  `BoxCoder.decode_single` makes at each call; `copy to host (cpu)` x 1: the answers;
   `copy to host (tolist)` x 1: drift brightness;
 - both: whatever the decoder and the model do inside themselves (nvJPEG's own synchronisation at
   the end of each decode call, once per `limits.max_decode_pixels_per_call` pixels: fixed for a

@@ -142,8 +142,7 @@ def deployment(resources: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_options(resources: list[dict[str, Any]], engine: str) -> list[str]:
-    """`run` options for the Deployment's container security settings and emptyDir volumes (the
-    volumes' names are filled in by the caller: `{volume}` in each -v)."""
+    """`run` options for the Deployment's container security settings."""
     pod = deployment(resources)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     security = container.get("securityContext", {})
@@ -155,10 +154,15 @@ def run_options(resources: list[dict[str, Any]], engine: str) -> list[str]:
     options += [f"--cap-drop={capability}" for capability in security.get("capabilities", {}).get("drop", [])]
     if security.get("allowPrivilegeEscalation") is False:
         options += ["--security-opt", "no-new-privileges"]
-    empty = {volume["name"] for volume in pod.get("volumes", []) if "emptyDir" in volume}
-    options += [f"--volume={{{mount['name']}}}:{mount['mountPath']}"
-                for mount in container.get("volumeMounts", []) if mount["name"] in empty]
     return options
+
+
+def scratch_paths(resources: list[dict[str, Any]]) -> list[str]:
+    """Where the Deployment's container mounts its emptyDir volumes."""
+    pod = deployment(resources)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    empty = {volume["name"] for volume in pod.get("volumes", []) if "emptyDir" in volume}
+    return [mount["mountPath"] for mount in container.get("volumeMounts", []) if mount["name"] in empty]
 
 
 def playable(resources: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
@@ -189,7 +193,7 @@ class Engine:
                               f"{text.stdout[-3000:]}{text.stderr[-3000:]}")
         return text
 
-    def volume(self, purpose: str) -> str:
+    def volume(self) -> str:
         name = self("volume", "create").stdout.strip()
         self.made.append(("volume", name))
         return name
@@ -332,14 +336,8 @@ class Running:
 
 def start(engine: Engine, image: str, resources: list[dict[str, Any]], name: str,
           extra: list[str]) -> Running:
-    volumes = {}
-    options = []
-    for option in run_options(resources, engine.program):
-        if option.startswith("--volume={"):
-            volume_name = option[len("--volume={"):option.index("}")]
-            volumes.setdefault(volume_name, engine.volume(volume_name))
-            option = "--volume=" + volumes[volume_name] + option[option.index("}") + 1:]
-        options.append(option)
+    options = run_options(resources, engine.program) + [f"--volume={engine.volume()}:{path}"
+                                                        for path in scratch_paths(resources)]
     engine.made.append(("container", name))
     engine("rm", "--force", name, check=False)
     started = time.monotonic()
@@ -406,6 +404,8 @@ def drained_under_load(running: Running, key: str) -> dict[str, Any]:
         stop_sending.set()
         for loop in loops:
             loop.join(timeout=150)
+        if watcher.is_alive():          # it ends once /ready stops answering 200
+            watcher.join(timeout=150)
     if outcome.failures or exit_code != 0 or outcome.answered != outcome.sent:
         raise CheckFailed(f"{running.name}: SIGTERM under load: {outcome.answered} of {outcome.sent} "
                           f"answered, exit {exit_code}; failures: {outcome.failures[:5]}\n{running.logs()}")

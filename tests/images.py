@@ -64,6 +64,20 @@ def jpeg_with_broken_huffman_table(jpeg: bytes) -> bytes:
     return bytes(broken)
 
 
+def corrupted_jpegs(data: bytes) -> list[bytes]:
+    """A JPEG cut at 26 places (headers, scan, just before the end) and 24 seeded copies with four
+    bytes changed in its scan: what the hardware decoder might take where libjpeg refuses."""
+    cuts = [len(data) * k // 25 for k in range(1, 25)] + [len(data) - 2, len(data) - 1]
+    rng = np.random.default_rng(0)
+    changed = []
+    for _ in range(24):
+        body = bytearray(data)
+        for position in rng.integers(700, len(data) - 2, 4):
+            body[position] = int(rng.integers(0, 256))
+        changed.append(bytes(body))
+    return [data[:cut] for cut in cuts] + changed
+
+
 def decoded(result: object) -> torch.Tensor:
     """A decode outcome that must be an image (handlers.request.decode.DecodeResult)."""
     assert isinstance(result, torch.Tensor), result

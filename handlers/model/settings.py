@@ -170,12 +170,15 @@ def parse_limits(section: Mapping[str, Any]) -> ImageLimits:
     )
 
 
+def _switch(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SettingsError(f"'{name}' must be true or false, got {value!r}")
+    return value
+
+
 def parse_log_batches(handler_section: Mapping[str, Any]) -> bool:
     """`log_batches` (default true): one `batch {json}` log line per batch."""
-    value = handler_section.get("log_batches", True)
-    if not isinstance(value, bool):
-        raise SettingsError(f"'log_batches' must be true or false, got {value!r}")
-    return value
+    return _switch(handler_section.get("log_batches", True), "log_batches")
 
 
 def parse_torch_threads(handler_section: Mapping[str, Any]) -> int | None:
@@ -363,12 +366,6 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         cuda_graphs=_switch(handler_section.get("cuda_graphs", False), "cuda_graphs"),
         cuda_half_weights=_switch(handler_section.get("cuda_half_weights", True), "cuda_half_weights"),
     )
-
-
-def _switch(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise SettingsError(f"'{name}' must be true or false, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)

@@ -134,16 +134,13 @@ def suppressed_by_class(boxes: torch.Tensor, valid: torch.Tensor, iou_threshold:
     """Greedy NMS of each (image, class)'s candidates `float[B, K, k, 4]`, best first, as
     torchvision's `batched_nms` over an image's candidates: `bool[B, K, k]`, true where kept."""
     batch, classes, k, _ = boxes.shape
-    counts = valid.sum(dim=(1, 2))
-    shifted = nms_coordinates(boxes, valid)
-    trick = (counts <= coordinate_trick_boxes).view(batch, 1, 1, 1)
+    # each image's coordinates as its batched_nms sees them: shifted per class up to
+    # coordinate_trick_boxes candidates, as they are above it
+    trick = (valid.sum(dim=(1, 2)) <= coordinate_trick_boxes).view(batch, 1, 1, 1)
+    coordinates = torch.where(trick, nms_coordinates(boxes, valid), boxes)
     chunk = max(1, IOU_CHUNK_ELEMENTS // max(1, classes * k * k))
-    overlaps = []
-    for start in range(0, batch, chunk):
-        part = slice(start, start + chunk)
-        iou_plain = pairwise_iou_exceeds(boxes[part], iou_threshold)
-        iou_shifted = pairwise_iou_exceeds(shifted[part], iou_threshold)
-        overlaps.append(torch.where(trick[part], iou_shifted, iou_plain))
+    overlaps = [pairwise_iou_exceeds(coordinates[start:start + chunk], iou_threshold)
+                for start in range(0, batch, chunk)]
     later = torch.ones(k, k, dtype=torch.bool, device=boxes.device).triu(diagonal=1)
     suppresses = torch.cat(overlaps) & later & valid.unsqueeze(-1) & valid.unsqueeze(-2)
     return cluster_nms(suppresses, valid)

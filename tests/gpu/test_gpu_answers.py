@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -25,6 +24,7 @@ from handlers.task.fixed_point_resize import resize_exact
 from tests.answers import default_classifier
 from tests.archives import stage_model_dir
 from tests.images import (
+    corrupted_jpegs,
     decoded,
     encode,
     exif_with_orientation,
@@ -38,14 +38,6 @@ pytestmark = pytest.mark.gpu
 
 LIMITS = ImageLimits()
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def device(request: pytest.FixtureRequest) -> torch.device:
-    chosen = torch.device(request.config.getoption("--gpu-device"))
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise AssertionError(f"--gpu asks for {chosen}, and torch sees no CUDA device here")
-    return chosen
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +55,7 @@ def outcome(result: torch.Tensor | ClientError) -> tuple[object, ...]:
     return ("decoded", tuple(result.shape))
 
 
-def test_every_answer_on_the_gpu_is_the_cpus_within_the_device_bound(lite0_for_gpus, device):
-    gpu_id = device.index or 0 if device.type == "cuda" else None
+def test_every_answer_on_the_gpu_is_the_cpus_within_the_device_bound(lite0_for_gpus, gpu_id):
     results = compare_devices(lite0_for_gpus, gpu_id, ["fp32", "tf32", "fp16", "bf16"],
                               answer_check_images(), decode_share=True)
     assert [(result.precision, result.decoded_on) for result in results] == [
@@ -77,11 +68,10 @@ def test_every_answer_on_the_gpu_is_the_cpus_within_the_device_bound(lite0_for_g
     assert results[0].top1_changes == 0 and results[-1].top1_changes == 0
 
 
-def test_fp32_answers_from_the_devices_decoder_are_within_the_0_02_target(lite0_for_gpus, device):
+def test_fp32_answers_from_the_devices_decoder_are_within_the_0_02_target(lite0_for_gpus, gpu_id):
     """The target of interpolating nvJPEG's chroma (handlers.request.chroma_upsampling): with the
     chroma repeated as nvJPEG repeats it, emulated on a CPU, 0.034; interpolated, 0.006. What is
     left on a GPU is nvJPEG's own IDCT and colour conversion."""
-    gpu_id = device.index or 0 if device.type == "cuda" else None
     (fp32,) = compare_devices(lite0_for_gpus, gpu_id, ["fp32"], answer_check_images())
     assert fp32.max_change < 0.02, (fp32.worst_image, fp32.max_change)
     assert fp32.top1_changes == 0
@@ -112,18 +102,7 @@ def test_a_mixed_batch_on_the_device_gets_what_each_image_gets_alone_there(devic
 
 
 def corrupted_corpus() -> list[bytes]:
-    """A photo's JPEG cut at 24 places (headers, scan, just before the end) and with 24 seeded
-    byte changes in its scan: what the hardware decoder might take where libjpeg refuses."""
-    data = jpeg(project_photos()[1].image, 90)
-    cuts = [len(data) * k // 25 for k in range(1, 25)] + [len(data) - 2, len(data) - 1]
-    rng = np.random.default_rng(0)
-    changed = []
-    for _ in range(24):
-        body = bytearray(data)
-        for position in rng.integers(700, len(data) - 2, 4):
-            body[position] = int(rng.integers(0, 256))
-        changed.append(bytes(body))
-    return [data[:cut] for cut in cuts] + changed
+    return corrupted_jpegs(jpeg(project_photos()[1].image, 90))
 
 
 def test_truncated_and_corrupted_jpegs_get_the_cpus_status_and_body_on_the_device(device):

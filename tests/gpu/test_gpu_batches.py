@@ -12,12 +12,10 @@ CPU, where graphs are not used and the two archives must agree exactly.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from handlers.model.answer_agreement import probability_bound
 from tests.answers import default_classifier
@@ -25,22 +23,11 @@ from tests.archives import archive_context, stage_model_dir
 from tests.detections import assert_identical_but_tie_order, rows_from_answer
 from torchserve_vision import paths
 from torchserve_vision.lab.benchmark_images import distinct_jpegs
+from torchserve_vision.lab.gpu_lab import synchronisations
 from torchserve_vision.local_handler import load_handler
 from torchserve_vision.model_descriptions import load_descriptions
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def device(request: pytest.FixtureRequest) -> torch.device:
-    chosen = torch.device(request.config.getoption("--gpu-device"))
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise AssertionError(f"--gpu asks for {chosen}, and torch sees no CUDA device here")
-    return chosen
-
-
-def gpu_id_of(device: torch.device) -> int | None:
-    return (device.index or 0) if device.type == "cuda" else None
 
 
 def answers(handler: Any, rows: list[dict[str, Any]]) -> list[Any]:
@@ -57,7 +44,7 @@ def ssdlite_for_gpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("threshold", [0.3, 0.001])
-def test_the_batched_detector_postprocess_answers_as_torchvisions_on_the_device(ssdlite_for_gpus, device,
+def test_the_batched_detector_postprocess_answers_as_torchvisions_on_the_device(ssdlite_for_gpus, gpu_id,
                                                                                threshold):
     import base64
 
@@ -65,7 +52,7 @@ def test_the_batched_detector_postprocess_answers_as_torchvisions_on_the_device(
 
     detection = yaml.safe_load((ssdlite_for_gpus / "model-config.yaml").read_text())["handler"]["detection"]
     handlers: dict[str, Any] = {
-        postprocess: load_handler(ssdlite_for_gpus, 16, gpu_id_of(device),
+        postprocess: load_handler(ssdlite_for_gpus, 16, gpu_id,
                                   {"detection": {**detection, "postprocess": postprocess}})
         for postprocess in ("per-image", "batched")}
     assert handlers["batched"].detector.postprocess == "batched"
@@ -86,9 +73,9 @@ def lite0_fp16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return stage_model_dir(description, tmp_path_factory.mktemp("lite0-fp16"), "gpu")
 
 
-def test_cuda_graphs_answer_as_the_same_archive_without_them(lite0_fp16, device):
-    plain = load_handler(lite0_fp16, 16, gpu_id_of(device), {"cuda_graphs": False})
-    graphed = load_handler(lite0_fp16, 16, gpu_id_of(device), {"cuda_graphs": True})
+def test_cuda_graphs_answer_as_the_same_archive_without_them(lite0_fp16, gpu_id):
+    plain = load_handler(lite0_fp16, 16, gpu_id, {"cuda_graphs": False})
+    graphed = load_handler(lite0_fp16, 16, gpu_id, {"cuda_graphs": True})
     bound = probability_bound(plain.precision)
     for count in (1, 5, 16):
         rows = [{"body": bytearray(jpeg)} for jpeg in distinct_jpegs(count, seed=count)]
@@ -100,24 +87,16 @@ def test_cuda_graphs_answer_as_the_same_archive_without_them(lite0_fp16, device)
                     assert abs(answer["probability"] - by_index[answer["index"]]) <= bound
 
 
-def synchronisations(handler: Any, rows: list[dict[str, Any]]) -> int:
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            answers(handler, rows)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(warning.message) for warning in caught)
-
-
-def test_a_classifier_batch_synchronises_as_often_for_16_images_as_for_1(lite0_fp16, device):
+def test_a_classifier_batch_synchronises_as_often_for_16_images_as_for_1(lite0_fp16, device, gpu_id):
     if device.type != "cuda":
         pytest.skip("torch.cuda's sync debug mode needs a CUDA device; the CPU counts the same "
                     "operations in tests/unit/test_gpu_round_trips.py")
-    handler = load_handler(lite0_fp16, 16, gpu_id_of(device))
+    handler = load_handler(lite0_fp16, 16, gpu_id)
     jpegs = distinct_jpegs(17, seed=9)
-    synchronisations(handler, [{"body": bytearray(jpegs[-1])}])
-    counts = [synchronisations(handler, [{"body": bytearray(jpeg)} for jpeg in jpegs[:count]])
-              for count in (1, 16)]
+    answers(handler, [{"body": bytearray(jpegs[-1])}])
+
+    def batch_of(count: int) -> None:
+        answers(handler, [{"body": bytearray(jpeg)} for jpeg in jpegs[:count]])
+
+    counts = [synchronisations(lambda: batch_of(1)), synchronisations(lambda: batch_of(16))]
     assert counts[0] == counts[1], counts

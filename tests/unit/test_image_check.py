@@ -60,8 +60,7 @@ def test_the_container_runs_with_the_deployments_security_settings_and_scratch_v
     assert ("--read-only-tmpfs=false" in options) == (engine == "podman")
     assert "--cap-drop=ALL" in options
     assert options[options.index("--security-opt") + 1] == "no-new-privileges"
-    volumes = sorted(option for option in options if option.startswith("--volume="))
-    assert volumes == ["--volume={run}:/srv/torchserve-vision/.run", "--volume={tmp}:/tmp"]
+    assert sorted(SCRIPT.scratch_paths(cpu_overlay)) == ["/srv/torchserve-vision/.run", "/tmp"]
 
 
 def test_kube_play_gets_the_deployments_with_the_image_built_and_the_overlay_is_left_as_it_was(cpu_overlay):

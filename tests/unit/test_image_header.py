@@ -17,7 +17,7 @@ from PIL import Image
 from handlers.ground.errors import ClientError
 from handlers.request import image_header
 from handlers.request.image_header import pillow_header, plain_jpeg_header, read_header
-from tests.images import encode, exif_with_orientation, textured_rgb
+from tests.images import corrupted_jpegs, encode, exif_with_orientation, textured_rgb
 from torchserve_vision.lab.benchmark_images import distinct_jpegs
 from torchserve_vision.photo_sets import jpeg, project_photos
 
@@ -43,19 +43,6 @@ def kinds_of_jpeg() -> list[bytes]:
         encode(textured_rgb(1, 1, seed=4), "JPEG"),
         *distinct_jpegs(8),
     ]
-
-
-def corrupted(data: bytes) -> list[bytes]:
-    """tests/gpu's corpus: cut at 26 places, and 24 files with four bytes changed in the scan."""
-    cuts = [len(data) * k // 25 for k in range(1, 25)] + [len(data) - 2, len(data) - 1]
-    rng = np.random.default_rng(0)
-    changed = []
-    for _ in range(24):
-        body = bytearray(data)
-        for position in rng.integers(700, len(data) - 2, 4):
-            body[position] = int(rng.integers(0, 256))
-        changed.append(bytes(body))
-    return [data[:cut] for cut in cuts] + changed
 
 
 def header_mutations(data: bytes, count: int, seed: int) -> list[bytes]:
@@ -92,7 +79,7 @@ def test_plain_jpegs_are_read_from_their_markers_as_pillow_reads_them():
 @pytest.mark.parametrize("source", range(3))
 def test_corrupted_and_mutated_jpegs_are_routed_and_refused_as_pillow_reads_them(source):
     data = kinds_of_jpeg()[source * 2]
-    corpus = corrupted(data) + header_mutations(data, 400, seed=source)
+    corpus = corrupted_jpegs(data) + header_mutations(data, 400, seed=source)
     fast = 0
     for index, mutated in enumerate(corpus):
         assert outcome(read_header, mutated) == outcome(pillow_header, mutated), index

@@ -109,6 +109,33 @@ def lab_device() -> torch.device:
     return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def gpu_id_of(device: torch.device) -> int | None:
+    """The gpu_id TorchServe gives a worker on `device` (None on the CPU)."""
+    return (device.index or 0) if device.type == "cuda" else None
+
+
+def synchronisations(run: Callable[[], Any]) -> int:
+    """The host synchronisations torch.cuda's sync debug mode warns of while `run()` runs."""
+    import warnings
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(warning.message) for warning in caught)
+
+
+def built(description: ModelDescription, store: Path) -> Path:
+    """The archive of `description` in `store`, built for GPU workers first if it is not there."""
+    archive = store / description.archive_name
+    if not archive.is_file():
+        build_archive(description, store, "gpu", reference_requests=0)
+    return archive
+
+
 def machine(device: torch.device) -> dict[str, Any]:
     import torchvision
 
@@ -137,10 +164,9 @@ def build_models(descriptions: Sequence[ModelDescription], store: Path) -> None:
 def answer_check(store: Path, work: Path, device: torch.device,
                  precisions: Sequence[str]) -> list[dict[str, Any]]:
     model_dir = extract_archive(store / f"{ANSWERS_MODEL}-1.0.mar", work / "answers-model")
-    gpu_id = (device.index or 0) if device.type == "cuda" else None
     threads = torch.get_num_threads()
     try:
-        results = compare_devices(model_dir, gpu_id, precisions, answer_check_images(),
+        results = compare_devices(model_dir, gpu_id_of(device), precisions, answer_check_images(),
                                   decode_share=True)
     finally:
         torch.set_num_threads(threads)
@@ -343,8 +369,7 @@ def served_variants(client: TorchServeClient, store: Path, jpegs: Sequence[bytes
     results: dict[str, Any] = {}
     most = max(settings.loads)
     for _, variant in lever_variants(descriptions):
-        build_archive(variant, store, "gpu", reference_requests=0)
-        register(client, store, variant.archive_name, variant.name, variant.serving)
+        register(client, store, built(variant, store).name, variant.name, variant.serving)
         try:
             report, window = drive(client.prediction_url(variant.name), jpegs, most, work, settings,
                                    variant.name)
@@ -365,22 +390,17 @@ def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], devi
     batch size under torch.cuda's sync debug mode (the synchronisations it warns of) and under
     torch.profiler (a Chrome trace in `work`/traces)."""
     import base64
-    import warnings
 
     from torchserve_vision.local_handler import archive_context, load_handler
 
-    gpu_id = (device.index or 0) if device.type == "cuda" else None
     traces = work / "traces"
     traces.mkdir(parents=True, exist_ok=True)
     served = [description for description in descriptions if description.start]
     candidates = [*served, *(variant for _, variant in lever_variants(descriptions))]
     results: dict[str, Any] = {}
     for description in candidates:
-        archive = store / description.archive_name
-        if not archive.is_file():
-            build_archive(description, store, "gpu", reference_requests=0)
-        handler = load_handler(extract_archive(archive, work / "syncs" / description.name),
-                               description.serving.batch_size, gpu_id)
+        handler = load_handler(extract_archive(built(description, store), work / "syncs" / description.name),
+                               description.serving.batch_size, gpu_id_of(device))
         body = ((lambda jpeg: {"body": {"data": base64.b64encode(jpeg).decode()}})
                 if description.kind.network == "detector" else (lambda jpeg: {"body": bytearray(jpeg)}))
         rows = [body(jpeg) for jpeg in jpegs[:description.serving.batch_size]]
@@ -389,16 +409,7 @@ def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], devi
             handler.handle(rows, archive_context(handler.model_dir, request_headers=[{} for _ in rows]))
 
         run_batch()
-        counted = 0
-        if device.type == "cuda":
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    run_batch()
-                counted = sum("synchroniz" in str(warning.message) for warning in caught)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+        counted = synchronisations(run_batch) if device.type == "cuda" else 0
         trace = traces / f"{description.name}.json"
         activities = [torch.profiler.ProfilerActivity.CPU] + (
             [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])

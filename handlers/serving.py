@@ -56,6 +56,7 @@ from handlers.request.inference_protocol import (
     TensorOutput,
     output_metadata,
 )
+from handlers.request.jpeg_batches import JpegDecoder
 from handlers.request.request_body import extract_images
 from handlers.shadow.answer_comparison import AnswerComparison
 from handlers.shadow.shadow_stage import ShadowStage, shadow_stage_for
@@ -86,6 +87,9 @@ class HasImageLimits(Protocol):
 
     @property
     def limits(self) -> ImageLimits: ...
+
+    @property
+    def jpeg_decoder(self) -> JpegDecoder: ...
 
 
 Settings = TypeVar("Settings", bound=HasImageLimits)
@@ -185,7 +189,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                         "--target gpu decodes them on the device", 2 * self.jpeg_draft_size)
         warm_up_started = time.perf_counter()
         self.warm_up(self.max_batch_size)
-        if warm_up_decoder(self.settings.limits, self.device):
+        if warm_up_decoder(self.settings.limits, self.device, self.settings.jpeg_decoder):
             logger.info("decoder: %s's batched JPEG decoder repeats 4:2:0 and 4:2:2 chroma; it is "
                         "interpolated after decoding as the CPU's libjpeg-turbo does", self.device)
         ready = time.perf_counter()
@@ -456,7 +460,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
     def decode_images(self, encoded: Sequence[bytes]) -> list[tuple[DecodeResult, ImageHeader | None]]:
         """The batch's encoded images decoded together onto the device, each a tensor or its own
         ClientError, with the header it was decoded by (handlers.request.decode)."""
-        return decode_with_headers(encoded, self.settings.limits, self.device, self.jpeg_draft_size)
+        return decode_with_headers(encoded, self.settings.limits, self.device, self.jpeg_draft_size,
+                                   self.settings.jpeg_decoder)
 
     def decode(self, image_bytes: bytes, options: Options) -> DecodedImage[Options]:
         """One encoded image decoded as `decode_images` does (ClientError for a bad one)."""

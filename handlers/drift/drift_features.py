@@ -80,20 +80,36 @@ def mean_brightness(image: torch.Tensor) -> float:
 
 def mean_brightnesses(images: Sequence[torch.Tensor]) -> list[float]:
     """`mean_brightness` of each image, in order, read from the images' device in one copy: on a
-    GPU one synchronisation for the batch, not one per image."""
+    GPU one synchronisation for the batch, not one per image, and the images of one size
+    sampled and averaged together (a few operations per distinct size, not per image)."""
     if not images:
         return []
-    return torch.stack([_luma_mean(image) for image in images]).tolist()
+    by_size: dict[tuple[int, ...], list[int]] = {}
+    for index, image in enumerate(images):
+        by_size.setdefault(tuple(image.shape), []).append(index)
+    groups = list(by_size.values())
+    means = torch.cat([_luma_means(torch.stack([_grid_sample(images[index]) for index in indices]))
+                       for indices in groups]).tolist()
+    order = [index for indices in groups for index in indices]
+    brightness = [0.0] * len(images)
+    for index, mean in zip(order, means, strict=True):
+        brightness[index] = mean
+    return brightness
 
 
-def _luma_mean(image: torch.Tensor) -> torch.Tensor:
-    """The 0-d float32 tensor `mean_brightness` reads, on the image's device."""
+def _grid_sample(image: torch.Tensor) -> torch.Tensor:
+    """The about 32x32 pixels of `uint8[3, H, W]` that its brightness is the mean luma of (a view)."""
     _, height, width = image.shape
     step_y = max(1, height // BRIGHTNESS_SAMPLES_PER_SIDE)
     step_x = max(1, width // BRIGHTNESS_SAMPLES_PER_SIDE)
-    sample = image[:, ::step_y, ::step_x].float()
-    luma = 0.299 * sample[0] + 0.587 * sample[1] + 0.114 * sample[2]
-    return luma.mean()
+    return image[:, ::step_y, ::step_x]
+
+
+def _luma_means(samples: torch.Tensor) -> torch.Tensor:
+    """`uint8[N, 3, h, w]` samples of same-sized images -> `float32[N]` mean luma (BT.601)."""
+    sample = samples.float()
+    luma = 0.299 * sample[:, 0] + 0.587 * sample[:, 1] + 0.114 * sample[:, 2]
+    return luma.mean(dim=(1, 2))
 
 
 def input_observations(image_format: str, width: int, height: int, brightness: float) -> list[Observation]:

@@ -35,15 +35,14 @@ PROBABILITY_BOUNDS = {"fp32": 1e-3, "tf32": 0.02, "fp16": 0.02, "bf16": 0.15, "i
 
 # What a GPU's JPEG decoder may add to an answer of the same archive, beyond its precision's
 # rounding: nvJPEG is not libjpeg-turbo bit for bit (it repeats 4:2:0 chroma where libjpeg
-# interpolates; another IDCT). Measured on an H200 (torch 2.11), Lite0 fp32, 106 images: 0.034 on
-# the worst (1 of 106 over 0.02, no best class changed), and 1.5e-6 when the same GPU worker was
-# given the CPU's decoded pixels; the chroma alone, emulated on a CPU, 0.035. About twice the worst
-# seen, as bf16's bound is. Resize, crop and normalisation are the same arithmetic on every device
-# (handlers.task.fixed_point_resize) and fp32 on a GPU is IEEE float32, so an answer from the CPU's
-# decoded pixels is held to the precision's own bound. The chroma is now interpolated after nvJPEG
-# as libjpeg does (handlers.request.chroma_upsampling: 0.034 -> 0.006, emulated on a CPU); the bound
-# stays at its measured basis until a GPU measures it. docs/precision.md, "CPU and GPU".
-DEVICE_BOUND = 0.07
+# interpolates; another IDCT). With the chroma interpolated after decoding as libjpeg does
+# (handlers.request.chroma_upsampling), measured on an H200 (torch 2.11, 2026-11-28), Lite0 fp32,
+# 106 images: 0.0060 on the worst (no best class changed), against 0.034 before the interpolation
+# and 1.5e-6 when the same GPU worker is given the CPU's decoded pixels. Twice the worst measured,
+# rounded up: 0.02. Resize, crop and normalisation are the same arithmetic on every device
+# (handlers.task.fixed_point_resize) and fp32 on a GPU is IEEE float32, so an answer from the
+# CPU's decoded pixels is held to the precision's own bound. docs/precision.md, "CPU and GPU".
+DEVICE_BOUND = 0.02
 
 # (class index, probability), best first: the top k of one answer.
 RankedClasses = Sequence[tuple[int, float]]

@@ -19,7 +19,7 @@ torchserve_vision/archives/pipelines.py). Bad values raise SettingsError at load
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.ground.escalation import Escalation, EscalationRule
@@ -33,8 +33,10 @@ from handlers.model.settings import (
     _positive_int,
     parse_classifier_settings,
     parse_detector_settings,
+    parse_jpeg_decoder,
     parse_limits,
 )
+from handlers.request.jpeg_batches import JpegDecoder
 
 CASCADE_STAGES = ("first", "second")
 DETECT_CLASSIFY_STAGES = ("detector", "classifier")
@@ -60,6 +62,7 @@ class CascadeSettings:
     escalation: Escalation
     top_k: int
     limits: ImageLimits
+    jpeg_decoder: JpegDecoder = field(default="torchvision", kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class DetectClassifySettings:
     classify_batch_size: int  # boxes classified per forward pass (all boxes of the batch, chunked)
     top_k: int
     limits: ImageLimits
+    jpeg_decoder: JpegDecoder = field(default="torchvision", kw_only=True)
 
     @property
     def detection_defaults(self) -> DetectionOptions:
@@ -116,6 +120,7 @@ def parse_cascade_settings(handler_section: Mapping[str, Any] | None) -> Cascade
         escalation=parse_escalation(handler_section.get("escalation", {})),
         top_k=_positive_int(handler_section.get("top_k", first.top_k), "top_k"),
         limits=parse_limits(handler_section.get("limits", {})),
+        jpeg_decoder=parse_jpeg_decoder(handler_section),
     )
 
 
@@ -138,4 +143,5 @@ def parse_detect_classify_settings(handler_section: Mapping[str, Any] | None) ->
                                           "boxes.classify_batch_size"),
         top_k=_positive_int(handler_section.get("top_k", 3), "top_k"),
         limits=parse_limits(handler_section.get("limits", {})),
+        jpeg_decoder=parse_jpeg_decoder(handler_section),
     )

@@ -17,6 +17,8 @@ from handlers.ground.limits import ImageLimits, SettingsError
 from handlers.model.compiled_model import CPU_TARGETS, CompiledPackage, CompileTarget
 from handlers.model.runner_order import ENGINE_WEIGHTS, ENGINES, RunnerName, parse_runner_order
 from handlers.model.runner_selection import ArchiveRunners, EngineModel
+from handlers.request import nvimgcodec_decoder
+from handlers.request.jpeg_batches import JpegDecoder
 
 ModelSourceKind = Literal["timm", "torchvision", "torchscript", "export"]
 DetectionOutput = Literal["torchvision", "yolo"]
@@ -76,6 +78,8 @@ class HandlerSettings:
     labels_file: str
     precision: Precision
     limits: ImageLimits
+    # A CUDA worker's batched JPEG decoder (parse_jpeg_decoder).
+    jpeg_decoder: JpegDecoder = field(default="torchvision", kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -365,6 +369,7 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         runner_order=parse_order(handler_section.get("runner_order"), "runner_order"),
         cuda_graphs=_switch(handler_section.get("cuda_graphs", False), "cuda_graphs"),
         cuda_half_weights=_switch(handler_section.get("cuda_half_weights", True), "cuda_half_weights"),
+        jpeg_decoder=parse_jpeg_decoder(handler_section),
     )
 
 
@@ -440,7 +445,20 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
         compile=parse_detector_compile(handler_section.get("compile"), detection.get("output")),
         engine_models=parse_engine_models(handler_section.get("engine_models")),
         runner_order=parse_order(handler_section.get("runner_order"), "runner_order"),
+        jpeg_decoder=parse_jpeg_decoder(handler_section),
     )
+
+
+def parse_jpeg_decoder(handler_section: Mapping[str, Any]) -> JpegDecoder:
+    """`jpeg_decoder:` the batched JPEG decoder of a CUDA worker: `torchvision` (nvJPEG through
+    torchvision.io) or `nvimgcodec` (nvImageCodec, the GPU's JPEG engines where it has them), which
+    must then be installed where the workers run."""
+    decoder: JpegDecoder = _choice(handler_section.get("jpeg_decoder", "torchvision"), "jpeg_decoder",
+                                   JpegDecoder)
+    if decoder == "nvimgcodec" and not nvimgcodec_decoder.available():
+        raise SettingsError("'jpeg_decoder: nvimgcodec' needs nvImageCodec where the workers run "
+                            "(pip install nvidia-nvimgcodec-cu13)")
+    return decoder
 
 
 DETECTOR_ENGINES = ("openvino", "onnxruntime")

@@ -51,7 +51,7 @@ from handlers.request.image_header import (
     checked_header,
     read_header,
 )
-from handlers.request.jpeg_batches import byte_tensors, decode_jpeg_run, pixel_bounded_chunks
+from handlers.request.jpeg_batches import JpegDecoder, byte_tensors, decode_jpeg_run, pixel_bounded_chunks
 from handlers.request.orientation import oriented
 
 __all__ = ["DecodeResult", "decode_image_bytes", "decode_images", "decode_with_headers", "read_header",
@@ -173,22 +173,24 @@ def _decode_on_cpu(data: bytes, header: ImageHeader, limits: ImageLimits,
 
 
 def decode_images(encoded: Sequence[bytes], limits: ImageLimits, device: torch.device | None = None,
-                  min_short_side: int | None = None) -> list[DecodeResult]:
+                  min_short_side: int | None = None, decoder: JpegDecoder = "torchvision"
+                  ) -> list[DecodeResult]:
     """Each encoded image -> `uint8[3, H, W]` RGB in display orientation on `device` (the CPU
     when None), or its ClientError: 400 for an empty, unreadable, unsupported or too-small
     image, 413 for a body over `limits.max_body_bytes` or an image over `limits.max_pixels`
     (from the header, before decoding). With `min_short_side`, a JPEG at least twice that size
     may come back reduced, its short side still >= `min_short_side` (see the module docstring).
     One result per input, in order; a fault of one image is never another's."""
-    return [result for result, _ in decode_with_headers(encoded, limits, device, min_short_side)]
+    return [result for result, _ in decode_with_headers(encoded, limits, device, min_short_side, decoder)]
 
 
 def decode_with_headers(encoded: Sequence[bytes], limits: ImageLimits, device: torch.device | None = None,
-                        min_short_side: int | None = None
+                        min_short_side: int | None = None, decoder: JpegDecoder = "torchvision"
                         ) -> list[tuple[DecodeResult, ImageHeader | None]]:
     """`decode_images`, each result with the header it was decoded by (None where the header
     itself was refused): what a later stage reads of the image (its format and stored size)
-    without reading the header again."""
+    without reading the header again. `decoder` is a CUDA device's batched JPEG decoder (a CPU
+    decodes with torchvision's libjpeg-turbo whatever it says)."""
     device = device or CPU
     results: list[DecodeResult | None] = [None] * len(encoded)
     headers: list[ImageHeader | None] = [None] * len(encoded)
@@ -204,21 +206,26 @@ def decode_with_headers(encoded: Sequence[bytes], limits: ImageLimits, device: t
             on_device[index] = header
         else:
             results[index] = _decode_on_cpu(data, header, limits, min_short_side)
-    _decode_batched(encoded, on_device, limits, device, results)
+    _decode_batched(encoded, on_device, limits, device, results, batched_decoder(device, decoder))
     return [(result if isinstance(result, ClientError) else _on_device(result, device), header)
             for result, header in zip(_settled(results), headers, strict=True)]
 
 
+def batched_decoder(device: torch.device, decoder: JpegDecoder) -> JpegDecoder:
+    """The batched JPEG decoder a worker on `device` uses when its archive asks for `decoder`."""
+    return decoder if device.type == "cuda" else "torchvision"
+
+
 def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], limits: ImageLimits,
-                    device: torch.device, results: list[DecodeResult | None]) -> None:
+                    device: torch.device, results: list[DecodeResult | None], decoder: JpegDecoder) -> None:
     """The batch's device-decodable JPEGs (`headers`, by index) into `results`, in calls bounded
     by the limit's pixels; one the decoder refuses goes to the CPU path."""
     indices = list(headers)
     pixels = [headers[index].pixels for index in indices]
     for run in pixel_bounded_chunks(pixels, limits.max_decode_pixels_per_call):
         chosen = [indices[position] for position in run]
-        decoded = decode_jpeg_run([encoded[index] for index in chosen], device)
-        if decoder_repeats_chroma(device):
+        decoded = decode_jpeg_run([encoded[index] for index in chosen], device, decoder)
+        if decoder_repeats_chroma(device, decoder):
             decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen])
         for index, image in zip(chosen, decoded, strict=True):
             header = headers[index]
@@ -226,26 +233,26 @@ def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], l
                               else _decode_on_cpu(encoded[index], header, limits, None))
 
 
-# Per device: does its batched decoder repeat subsampled chroma (see chroma_upsampling)?
-_REPEATS_CHROMA: dict[torch.device, bool] = {}
+# Per device and decoder: does that batched decoder repeat subsampled chroma (see chroma_upsampling)?
+_REPEATS_CHROMA: dict[tuple[torch.device, JpegDecoder], bool] = {}
 
 
-def decoder_repeats_chroma(device: torch.device) -> bool:
-    """Whether the batched JPEG decoder on `device` repeats subsampled chroma where the CPU's
-    libjpeg-turbo interpolates it (nvJPEG does), measured once per device on a probe JPEG. The
-    CPU's decoder is libjpeg-turbo itself: False without measuring."""
+def decoder_repeats_chroma(device: torch.device, decoder: JpegDecoder = "torchvision") -> bool:
+    """Whether the batched JPEG decoder `decoder` on `device` repeats subsampled chroma where the
+    CPU's libjpeg-turbo interpolates it (nvJPEG does), measured once per device and decoder on a
+    probe JPEG. The CPU's decoder is libjpeg-turbo itself: False without measuring."""
     if device.type == "cpu":
         return False
-    if device not in _REPEATS_CHROMA:
+    if (device, decoder) not in _REPEATS_CHROMA:
         probe = chroma_upsampling.probe_jpeg()
         reference = decode_with_torchvision(probe, read_header(probe))
-        _REPEATS_CHROMA[device] = chroma_upsampling.replicates_chroma(
-            lambda data: _decoded_alone(data, device), reference)
-    return _REPEATS_CHROMA[device]
+        _REPEATS_CHROMA[device, decoder] = chroma_upsampling.replicates_chroma(
+            lambda data: _decoded_alone(data, device, decoder), reference)
+    return _REPEATS_CHROMA[device, decoder]
 
 
-def _decoded_alone(data: bytes, device: torch.device) -> torch.Tensor:
-    image = decode_jpeg_run([data], device)[0]
+def _decoded_alone(data: bytes, device: torch.device, decoder: JpegDecoder) -> torch.Tensor:
+    image = decode_jpeg_run([data], device, decoder)[0]
     if image is None:
         raise AssertionError("the batched decoder refused the chroma probe JPEG")
     return image
@@ -283,13 +290,15 @@ def decode_image_bytes(data: bytes, limits: ImageLimits, device: torch.device | 
     return result
 
 
-def warm_up_decoder(limits: ImageLimits, device: torch.device | None = None) -> bool:
+def warm_up_decoder(limits: ImageLimits, device: torch.device | None = None,
+                    decoder: JpegDecoder = "torchvision") -> bool:
     """Decode a small JPEG as a batch would, on `device`, so that the first request does not pay
     the decoder's one-time start (on CUDA, torchvision creates its nvJPEG decoder on first use),
     and measure whether that decoder repeats subsampled chroma (`decoder_repeats_chroma`, returned)."""
     buffer = io.BytesIO()
     Image.new("RGB", (32, 32), (120, 90, 60)).save(buffer, "JPEG", quality=90)
-    result = decode_images([buffer.getvalue()] * 2, limits, device)[0]
+    result = decode_images([buffer.getvalue()] * 2, limits, device, decoder=decoder)[0]
     if isinstance(result, ClientError):
         raise AssertionError(f"the decoder refused its warm-up JPEG: {result.message}")
-    return decoder_repeats_chroma(device or CPU)
+    device = device or CPU
+    return decoder_repeats_chroma(device, batched_decoder(device, decoder))

@@ -1,6 +1,7 @@
 """The JPEGs of a batch decoded in as few calls as their pixels allow, each failure traced to its
 own image: `torchvision.io.decode_jpeg` on a list (nvJPEG on a CUDA device, libjpeg-turbo on the
-CPU), stored pixels (orientation is the caller's: handlers.request.orientation).
+CPU), or nvImageCodec's decoder where the archive asks for it (handlers.request.nvimgcodec_decoder),
+stored pixels (orientation is the caller's: handlers.request.orientation).
 
 A batched call returns no partial results: when it raises, every image of the call is decoded
 alone, and only those that fail alone are reported failed (None), for the caller to decode on
@@ -20,9 +21,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
+
+from handlers.request import nvimgcodec_decoder
+
+# The batched decoder of a CUDA worker (an archive's `jpeg_decoder`): torchvision's nvJPEG, or
+# nvImageCodec's (handlers.request.nvimgcodec_decoder), whose hardware backend uses the GPU's
+# JPEG engines where it has them.
+JpegDecoder = Literal["torchvision", "nvimgcodec"]
+JPEG_DECODERS: tuple[JpegDecoder, ...] = ("torchvision", "nvimgcodec")
 
 
 def pixel_bounded_chunks(pixels: Sequence[int], max_pixels: int) -> Iterator[list[int]]:
@@ -53,7 +63,10 @@ def byte_tensors(encoded: Sequence[bytes]) -> list[torch.Tensor]:
         return [torch.frombuffer(data, dtype=torch.uint8) for data in encoded]
 
 
-def _decode_call(encoded: Sequence[bytes], device: torch.device) -> list[torch.Tensor]:
+def _decode_call(encoded: Sequence[bytes], device: torch.device,
+                 decoder: JpegDecoder) -> list[torch.Tensor | None]:
+    if decoder == "nvimgcodec":
+        return nvimgcodec_decoder.decode_call(encoded, device)
     _drain(device)
     tensors = byte_tensors(encoded)
     decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, apply_exif_orientation=False,
@@ -61,14 +74,15 @@ def _decode_call(encoded: Sequence[bytes], device: torch.device) -> list[torch.T
     return list(decoded)
 
 
-def decode_jpeg_run(encoded: Sequence[bytes], device: torch.device) -> list[torch.Tensor | None]:
-    """`uint8[3, H, W]` stored pixels on `device` per JPEG, one call for the run; None for an
-    image the decoder refuses even alone. Out of device memory, the run is decoded in halves,
-    down to single images (one that still does not fit is a server fault, raised)."""
+def decode_jpeg_run(encoded: Sequence[bytes], device: torch.device,
+                    decoder: JpegDecoder = "torchvision") -> list[torch.Tensor | None]:
+    """`uint8[3, H, W]` stored pixels on `device` per JPEG, one call of `decoder` for the run;
+    None for an image the decoder refuses even alone. Out of device memory, the run is decoded
+    in halves, down to single images (one that still does not fit is a server fault, raised)."""
     if not encoded:
         return []
     try:
-        return list(_decode_call(encoded, device))
+        return _decode_call(encoded, device, decoder)
     except torch.cuda.OutOfMemoryError:
         if len(encoded) == 1:
             raise
@@ -81,5 +95,6 @@ def decode_jpeg_run(encoded: Sequence[bytes], device: torch.device) -> list[torc
     if out_of_memory:
         torch.cuda.empty_cache()
         half = len(encoded) // 2
-        return decode_jpeg_run(encoded[:half], device) + decode_jpeg_run(encoded[half:], device)
-    return [decode_jpeg_run([data], device)[0] for data in encoded]
+        return (decode_jpeg_run(encoded[:half], device, decoder)
+                + decode_jpeg_run(encoded[half:], device, decoder))
+    return [decode_jpeg_run([data], device, decoder)[0] for data in encoded]

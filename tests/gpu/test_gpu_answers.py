@@ -1,7 +1,8 @@
 """On a GPU: the same archive gives the CPU's answers (the rule of handlers.model.answer_agreement,
 `cross_device_bound`), the batch's JPEGs decoded together on the device give each image what it
 gets alone and every refusal the CPU's status and body for the same bytes, rotated JPEGs come
-out upright, and the device's resize is the CPU's bit for bit.
+out upright (with either batched decoder: torchvision's nvJPEG and nvImageCodec's), and the
+device's resize is the CPU's bit for bit.
 
 Marked `gpu`: deselected unless pytest runs with --gpu (`lab gpu` and docs/testing.md run them:
 `pytest --gpu -m gpu tests/gpu`); `--gpu-device cpu` rehearses them on a CPU machine, where they
@@ -20,6 +21,7 @@ from torch.nn import functional as F
 from handlers.ground.errors import ClientError
 from handlers.ground.limits import ImageLimits
 from handlers.request.decode import decode_images
+from handlers.request.jpeg_batches import JPEG_DECODERS
 from handlers.task.fixed_point_resize import resize_exact
 from tests.answers import default_classifier
 from tests.archives import stage_model_dir
@@ -57,15 +59,16 @@ def outcome(result: torch.Tensor | ClientError) -> tuple[object, ...]:
 
 def test_every_answer_on_the_gpu_is_the_cpus_within_the_device_bound(lite0_for_gpus, gpu_id):
     results = compare_devices(lite0_for_gpus, gpu_id, ["fp32", "tf32", "fp16", "bf16"],
-                              answer_check_images(), decode_share=True)
+                              answer_check_images(), decode_share=True, nvimgcodec=True)
     assert [(result.precision, result.decoded_on) for result in results] == [
-        ("fp32", "device"), ("tf32", "device"), ("fp16", "device"), ("bf16", "device"), ("fp32", "cpu")]
+        ("fp32", "device"), ("tf32", "device"), ("fp16", "device"), ("bf16", "device"), ("fp32", "cpu"),
+        ("fp32", "nvimgcodec")]
     for result in results:
         assert result.agrees, (result.precision, result.decoded_on, result.disagreements)
     # Given the CPU's decoded pixels, the GPU's fp32 is the CPU's within fp32's own 1e-3: the
     # resize and the arithmetic add nothing; the decoder is the whole difference.
-    assert results[-1].bound == 1e-3
-    assert results[0].top1_changes == 0 and results[-1].top1_changes == 0
+    assert results[4].bound == 1e-3
+    assert results[0].top1_changes == results[4].top1_changes == results[5].top1_changes == 0
 
 
 def test_fp32_answers_from_the_devices_decoder_are_within_the_0_02_target(lite0_for_gpus, gpu_id):
@@ -86,16 +89,17 @@ def test_the_resize_on_the_device_is_the_cpus_bit_for_bit(device):
         assert torch.equal(resize_exact(images.to(device), output_hw).cpu(), expected)
 
 
-def test_a_mixed_batch_on_the_device_gets_what_each_image_gets_alone_there(device):
+@pytest.mark.parametrize("decoder", JPEG_DECODERS)
+def test_a_mixed_batch_on_the_device_gets_what_each_image_gets_alone_there(device, decoder):
     good = encode(textured_rgb(60, 80, seed=1), "JPEG", quality=90)
     batch = [good, encode(textured_rgb(90, 70, seed=2), "JPEG"),
              encode(textured_rgb(60, 80, seed=3), "JPEG", progressive=True),
              encode(textured_rgb(40, 56, seed=4).convert("CMYK"), "JPEG"),
              jpeg_with_broken_huffman_table(good), good[: len(good) // 2], b"", b"text\n",
              encode(textured_rgb(30, 40, seed=5), "PNG"), jpeg(project_photos()[0].image, 90)]
-    together = decode_images(batch, LIMITS, device)
+    together = decode_images(batch, LIMITS, device, decoder=decoder)
     for data, result in zip(batch, together, strict=True):
-        (alone,) = decode_images([data], LIMITS, device)
+        (alone,) = decode_images([data], LIMITS, device, decoder=decoder)
         assert outcome(result) == outcome(alone)
         if isinstance(result, torch.Tensor):
             assert result.device == device and torch.equal(result, decoded(alone))
@@ -105,19 +109,22 @@ def corrupted_corpus() -> list[bytes]:
     return corrupted_jpegs(jpeg(project_photos()[1].image, 90))
 
 
-def test_truncated_and_corrupted_jpegs_get_the_cpus_status_and_body_on_the_device(device):
+@pytest.mark.parametrize("decoder", JPEG_DECODERS)
+def test_truncated_and_corrupted_jpegs_get_the_cpus_status_and_body_on_the_device(device, decoder):
     corpus = corrupted_corpus()
-    on_device = decode_images(corpus, LIMITS, device)
+    on_device = decode_images(corpus, LIMITS, device, decoder=decoder)
     on_cpu = decode_images(corpus, LIMITS, CPU)
     for index, (got, expected) in enumerate(zip(on_device, on_cpu, strict=True)):
         assert outcome(got) == outcome(expected), index
 
 
+@pytest.mark.parametrize("decoder", JPEG_DECODERS)
 @pytest.mark.parametrize("orientation", sorted(STORED_TURNED))
-def test_a_rotated_jpeg_comes_out_upright_on_the_device(device, orientation):
+def test_a_rotated_jpeg_comes_out_upright_on_the_device(device, orientation, decoder):
     turned = encode(textured_rgb(90, 140, seed=orientation).transpose(STORED_TURNED[orientation]),
                     "JPEG", quality=95, exif=exif_with_orientation(orientation))
-    on_device, on_cpu = (decoded(decode_images([turned], LIMITS, where)[0]) for where in (device, CPU))
+    on_device, on_cpu = (decoded(decode_images([turned], LIMITS, where, decoder=decoder)[0])
+                         for where in (device, CPU))
     assert on_device.shape == on_cpu.shape == (3, 90, 140)
     # The device's decoder is not libjpeg: its pixels are close to the CPU's, and far closer than
     # the photo mirrored would be (the gradient runs along its width).

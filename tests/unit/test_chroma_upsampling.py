@@ -102,9 +102,9 @@ def use_libjpeg_as_batched_decoder(monkeypatch: pytest.MonkeyPatch, repeat_chrom
     """The batched decoder replaced by libjpeg-turbo, repeating chroma as nvJPEG does or not, and
     said to repeat it or not (what a GPU worker measures at start)."""
     monkeypatch.setattr(decode_module, "decode_jpeg_run",
-                        lambda encoded, device: [libjpeg_turbo.decode(bytes(data), repeat_chroma)
-                                                 for data in encoded])
-    monkeypatch.setattr(decode_module, "decoder_repeats_chroma", lambda device: said_to_repeat)
+                        lambda encoded, device, decoder: [libjpeg_turbo.decode(bytes(data), repeat_chroma)
+                                                          for data in encoded])
+    monkeypatch.setattr(decode_module, "decoder_repeats_chroma", lambda device, decoder: said_to_repeat)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from handlers.drift.drift_features import (
     detection_observations,
     input_observations,
     mean_brightness,
+    mean_brightnesses,
 )
 
 
@@ -50,6 +51,17 @@ def test_brightness_is_the_mean_luma_and_its_cost_does_not_grow_with_the_image()
     red = torch.zeros((3, 8, 8), dtype=torch.uint8)
     red[0] = 255
     assert mean_brightness(red) == pytest.approx(0.299 * 255, abs=0.01)
+
+
+def test_a_batchs_brightnesses_are_each_images_own_in_order_whatever_the_sizes():
+    generator = torch.Generator().manual_seed(3)
+    shapes = [(3, 720, 720), (3, 100, 57), (3, 720, 720), (3, 31, 2000), (3, 100, 57), (3, 720, 720)]
+    images = [torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator) for shape in shapes]
+    images[2] = torch.full((3, 720, 720), 200, dtype=torch.uint8)
+    together = mean_brightnesses(images)
+    assert together == pytest.approx([mean_brightness(image) for image in images], abs=1e-4)
+    assert together[2] == pytest.approx(200.0)
+    assert mean_brightnesses([]) == []
 
 
 def test_a_classifier_answer_gives_its_top_one_class_range_and_confidence():

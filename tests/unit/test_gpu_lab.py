@@ -77,22 +77,34 @@ def test_the_reference_pipeline_and_model_alone_run_on_the_cpu():
     assert rates[2] > 0
 
 
-def test_the_levers_are_variants_of_the_served_models_with_one_setting_changed():
+def test_the_levers_are_variants_of_the_served_models_with_their_settings_changed(monkeypatch):
+    import dataclasses
+
+    from handlers.request import nvimgcodec_decoder
     from torchserve_vision.lab import gpu_lab
     from torchserve_vision.model_descriptions import load_descriptions
 
     descriptions = load_descriptions(gpu_lab.GPU_MODELS)
-    variants = {variant.name: (model, variant) for model, variant in gpu_lab.lever_variants(descriptions)}
-    assert set(variants) == {"resnet50_graphs", "resnet50_autocast", "ssdlite320_per_image_postprocess"}
     by_name = {description.name: description for description in descriptions}
-    for model, variant in variants.values():
-        base = by_name[model]
+    declared = {f"{model}_{variant}": overrides for model, variant, overrides in gpu_lab.LEVERS}
+    variants = {variant.name: (model, variant) for model, variant in gpu_lab.lever_variants(descriptions)}
+    assert set(variants) == set(declared) >= {"resnet50_graphs", "resnet50_autocast",
+                                              "ssdlite320_per_image_postprocess", "resnet50_nvimgcodec"}
+    for name, (model, variant) in variants.items():
+        base, overrides = by_name[model], declared[name]
         changed = {key for key in {*base.handler_options, *variant.handler_options}
                    if base.handler_options.get(key) != variant.handler_options.get(key)}
-        assert len(changed) == 1 and variant.serving == base.serving and variant.weights == base.weights
+        assert changed == set(overrides) - {"serving"}, name
+        assert variant.serving == dataclasses.replace(base.serving, **overrides.get("serving", {})), name
+        assert variant.weights == base.weights
     detection = variants["ssdlite320_per_image_postprocess"][1].handler_options["detection"]
     assert detection == {**by_name["ssdlite320"].handler_options["detection"], "postprocess": "per-image"}
     assert variants["resnet50_graphs"][1].handler_options["cuda_graphs"] is True
+    assert variants["ssdlite320_batch_64_2_workers"][1].serving.batch_size == 64
+    chosen = gpu_lab.lever_variants(descriptions, ["resnet50_graphs", "ssdlite320_nvimgcodec"])
+    assert [variant.name for _, variant in chosen] == ["resnet50_graphs", "ssdlite320_nvimgcodec"]
+    monkeypatch.setattr(nvimgcodec_decoder, "available", lambda: False)
+    assert not any("nvimgcodec" in variant.name for _, variant in gpu_lab.lever_variants(descriptions))
 
 
 def test_a_runs_plan_adds_up_its_loads_and_overheads():
@@ -102,7 +114,8 @@ def test_a_runs_plan_adds_up_its_loads_and_overheads():
     from torchserve_vision.model_descriptions import load_descriptions
 
     descriptions = load_descriptions(gpu_lab.GPU_MODELS)
-    only_levers = gpu_lab.GpuLabSettings(Path("."), duration_s=5, warm_up_s=1, steps=("levers",))
+    only_levers = gpu_lab.GpuLabSettings(Path("."), duration_s=5, warm_up_s=1, steps=("levers",), levers=(
+        "resnet50_graphs", "resnet50_autocast", "ssdlite320_per_image_postprocess"))
     assert gpu_lab.planned_s(only_levers, descriptions) == (
         gpu_lab.SERVER_OVERHEAD_S + 3 * (6 + gpu_lab.VARIANT_OVERHEAD_S))
     everything = gpu_lab.GpuLabSettings(Path("."), duration_s=5, warm_up_s=1)

@@ -82,9 +82,9 @@ def decode_calls(monkeypatch) -> list[int]:
     calls: list[int] = []
     real_call = jpeg_batches._decode_call
 
-    def counting_call(encoded, device):
+    def counting_call(encoded, device, decoder):
         calls.append(len(encoded))
-        return real_call(encoded, device)
+        return real_call(encoded, device, decoder)
 
     monkeypatch.setattr(jpeg_batches, "_decode_call", counting_call)
     return calls
@@ -177,11 +177,11 @@ def test_out_of_device_memory_a_run_is_decoded_in_halves_and_a_single_image_is_a
     calls: list[int] = []
     real_call = jpeg_batches._decode_call
 
-    def short_of_memory(encoded, device):
+    def short_of_memory(encoded, device, decoder):
         calls.append(len(encoded))
         if len(encoded) > 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real_call(encoded, device)
+        return real_call(encoded, device, decoder)
 
     monkeypatch.setattr(jpeg_batches, "_decode_call", short_of_memory)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -190,7 +190,7 @@ def test_out_of_device_memory_a_run_is_decoded_in_halves_and_a_single_image_is_a
     assert calls == [5, 2, 3, 1, 2]
     assert all(torch.equal(decoded(result), decode_image_bytes(data, LIMITS))
                for data, result in zip(images, results, strict=True))
-    monkeypatch.setattr(jpeg_batches, "_decode_call", lambda encoded, device: (_ for _ in ()).throw(
+    monkeypatch.setattr(jpeg_batches, "_decode_call", lambda encoded, device, decoder: (_ for _ in ()).throw(
         torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")))
     with pytest.raises(torch.cuda.OutOfMemoryError):
         decode_images(images[:1], LIMITS, CPU)

@@ -144,6 +144,9 @@ def gpu_arguments(parser: argparse.ArgumentParser) -> None:
                              "syncs, levers and echo_workers measure a GPU batch's levers)")
     parser.add_argument("--echo-workers", type=int, nargs="+", default=list(defaults.echo_workers),
                         help="worker counts of the echo_workers step")
+    parser.add_argument("--levers", nargs="+",
+                        choices=[f"{model}_{variant}" for model, variant, _ in gpu_lab.LEVERS],
+                        help="the archive variants the levers and syncs steps measure (default: all)")
 
 
 def run_gpu(args: argparse.Namespace) -> int:
@@ -151,7 +154,8 @@ def run_gpu(args: argparse.Namespace) -> int:
         args.work_dir, args.duration, args.warm_up, tuple(args.loads), tuple(args.builtin_workers),
         images=args.images, processes=args.processes, precisions=tuple(args.precisions),
         reference_batches=tuple(args.reference_batches), detector_batches=tuple(args.detector_batches),
-        models=args.models, steps=tuple(args.steps), echo_workers=tuple(args.echo_workers))
+        models=args.models, steps=tuple(args.steps), echo_workers=tuple(args.echo_workers),
+        levers=tuple(args.levers) if args.levers else None)
     def keep(record: dict) -> None:
         if args.record:
             args.record.write_text(json.dumps(record, indent=2))

@@ -104,8 +104,9 @@ def ranked_answers(handler: Any, images: Sequence[NamedImage]) -> list[RankedCla
 def agreement(precision: str, names: Sequence[str], got: Sequence[RankedClasses],
               reference: Sequence[RankedClasses], decoded_on: str = "device") -> DeviceAgreement:
     """How far `got` (the GPU at `precision`) is from `reference` (the CPU at fp32), image by
-    image, and where the rule refuses it."""
-    bound = cross_device_bound(precision, device_decoder=decoded_on == "device")
+    image, and where the rule refuses it. `decoded_on`: "device" (the archive's decoder on the
+    GPU), "nvimgcodec" (nvImageCodec's there) or "cpu" (the CPU's decoded pixels)."""
+    bound = cross_device_bound(precision, device_decoder=decoded_on != "cpu")
     result = DeviceAgreement(precision, bound, len(names), decoded_on)
     for name, answer, expected in zip(names, got, reference, strict=True):
         expected_p = dict(expected)
@@ -135,10 +136,11 @@ def decoding_on_the_cpu(handler: Any) -> Any:
 
 def compare_devices(model_dir: Path, gpu_id: int | None, precisions: Sequence[str],
                     images: Sequence[NamedImage], batch_size: int = 16,
-                    decode_share: bool = False) -> list[DeviceAgreement]:
+                    decode_share: bool = False, nvimgcodec: bool = False) -> list[DeviceAgreement]:
     """The extracted classifier archive in `model_dir` at fp32 on the CPU against itself on
     `gpu_id` (None: the CPU again, to rehearse) at each of `precisions`; with `decode_share`,
-    also at fp32 with the CPU's decoded pixels (what the device's decoder adds is the difference)."""
+    also at fp32 with the CPU's decoded pixels (what the device's decoder adds is the difference);
+    with `nvimgcodec`, also at fp32 decoded by nvImageCodec (`jpeg_decoder: nvimgcodec`)."""
     reference_handler = load_handler(model_dir, batch_size, None, {"precision": "fp32"})
     reference = ranked_answers(reference_handler, images)
     names = [image.name for image in images]
@@ -149,4 +151,8 @@ def compare_devices(model_dir: Path, gpu_id: int | None, precisions: Sequence[st
     if decode_share:
         handler = decoding_on_the_cpu(load_handler(model_dir, batch_size, gpu_id, {"precision": "fp32"}))
         results.append(agreement("fp32", names, ranked_answers(handler, images), reference, "cpu"))
+    if nvimgcodec:
+        handler = load_handler(model_dir, batch_size, gpu_id,
+                               {"precision": "fp32", "jpeg_decoder": "nvimgcodec"})
+        results.append(agreement("fp32", names, ranked_answers(handler, images), reference, "nvimgcodec"))
     return results

@@ -5,9 +5,11 @@ record (docs/benchmarks.md, "GPU").
    served; EfficientNet-Lite0 with real weights for the answer check), cache off.
 2. The answer check: the Lite0 archive on the GPU at fp32, tf32, fp16 and bf16 against the same
    archive at fp32 on this machine's CPU, on the project's photos, their variants and turned
-   JPEGs, by the rule of handlers.model.answer_agreement (lab/device_answers.py).
-3. In-process on the same GPU, no handler (lab/gpu_reference.py): the classifier's model alone,
-   its plain pipeline from JPEG bytes to top-5, and the detector's plain pipeline.
+   JPEGs, by the rule of handlers.model.answer_agreement (lab/device_answers.py); at fp32 also
+   from the CPU's decoded pixels and, where it is installed, decoded by nvImageCodec.
+3. In-process on the same GPU, no handler (lab/gpu_reference.py): the classifier's model alone
+   (autocast, and half weights), the batched decode alone (torchvision's, nvImageCodec's), its
+   plain pipeline from JPEG bytes to top-5, the detector's plain pipeline and its network alone.
 4. The load generator (several processes: lab/process_load.py) against a trivial responder that
    is not TorchServe: its own ceiling.
 5. A TorchServe from the built archives (workers READY timed from the start), and on it: the echo
@@ -15,14 +17,17 @@ record (docs/benchmarks.md, "GPU").
    time per stage from its batch log; TorchServe's built-in `image_classifier` handler on the
    same weights at 1..16 workers (torch threads = cores / workers, batch and delay fixed), the
    best at the most clients measured at each load; the detector at each load.
-6. The levers of a GPU batch (`levers`, `syncs`, `echo_workers`): each archive variant (the
-   classifier with CUDA graphs, with autocast over float32 weights instead of half weights; the
-   detector with torchvision's per-image postprocess instead of the batched one: LEVERS) served
-   at the most clients beside the base archive, with its workers' cycle split from their batch
-   log (`batch_ms`, `waited_ms`); in-process on the same GPU, the host synchronisations of one
-   batch of each (torch.cuda's sync debug mode) and a torch.profiler trace of it (Chrome trace
-   JSON in the work directory, for what happens inside torchvision and nvJPEG); the echo model at
-   2, 4 and 8 workers. `planned_s` estimates a run's length before it starts.
+6. The levers of a GPU batch (`levers`, `syncs`, `echo_workers`): each archive variant of LEVERS
+   (`--levers` picks some: the classifier with CUDA graphs, with autocast over float32 weights
+   instead of half weights, decoding with nvImageCodec, at 4 workers, at batch 128; the detector
+   with torchvision's per-image postprocess instead of the batched one, with nvImageCodec, at
+   batch 64 and 2 workers) served at the most clients beside the base archive, with its workers'
+   cycle split from their batch log (`batch_ms`, `waited_ms`); in-process on the same GPU, for
+   the served models and each variant that changes the handler, the host synchronisations of
+   one batch (torch.cuda's sync debug mode), a torch.profiler trace of it (Chrome trace JSON in
+   the work directory, for what happens inside torchvision and nvJPEG) and the handler's own
+   images/s without TorchServe; the echo model at 2, 4 and 8 workers. `planned_s` estimates a
+   run's length before it starts.
 
 Load: one image per request, cycling through `images` distinct 720x720 JPEGs (4:2:0, quality 90)
 made from the project's photos. Without a GPU the same run rehearses on the CPU (slowly: use
@@ -48,6 +53,7 @@ from typing import Any
 
 import torch
 
+from handlers.request import nvimgcodec_decoder
 from torchserve_vision import paths
 from torchserve_vision.archives import ARCHIVER
 from torchserve_vision.archives.build import build_archive
@@ -57,7 +63,14 @@ from torchserve_vision.lab.benchmark_images import distinct_jpegs
 from torchserve_vision.lab.compare import register, unregister_all
 from torchserve_vision.lab.device_answers import answer_check_images, compare_devices
 from torchserve_vision.lab.echo_archive import ECHO_QUEUED, build_echo_archive
-from torchserve_vision.lab.gpu_reference import classifier_pipeline, detector_pipeline, model_only
+from torchserve_vision.lab.gpu_reference import (
+    classifier_pipeline,
+    decode_only,
+    detector_network_only,
+    detector_pipeline,
+    images_per_s,
+    model_only,
+)
 from torchserve_vision.lab.loadgen import Report
 from torchserve_vision.lab.process_load import default_processes, run_processes, trivial_responder
 from torchserve_vision.local_handler import eager_classifier, extract_archive
@@ -72,11 +85,21 @@ GOAL_IMAGES_PER_S = 10_000
 # What one run measures, in order; a run may ask for some of them (the ratios need them all).
 STEPS = ("answers", "in_process", "load_generator", "echo", "classifier", "builtin", "detector")
 LEVER_STEPS = ("syncs", "levers", "echo_workers")
-# Archive variants of the served models: (model, variant name, handler settings over its own).
+# Archive variants of the served models: (model, variant name, handler settings over its own;
+# "serving" overrides the description's serving settings). Those decoding with nvImageCodec are
+# measured where it is installed.
 LEVERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (CLASSIFIER, "graphs", {"cuda_graphs": True}),
     (CLASSIFIER, "autocast", {"cuda_half_weights": False}),
+    (CLASSIFIER, "nvimgcodec", {"jpeg_decoder": "nvimgcodec"}),
+    (CLASSIFIER, "nvimgcodec_4_workers", {"jpeg_decoder": "nvimgcodec",
+                                          "serving": {"min_workers": 4, "max_workers": 4}}),
+    (CLASSIFIER, "4_workers", {"serving": {"min_workers": 4, "max_workers": 4}}),
+    (CLASSIFIER, "nvimgcodec_batch_128_4_workers", {"jpeg_decoder": "nvimgcodec", "serving": {
+        "batch_size": 128, "min_workers": 4, "max_workers": 4}}),
     (DETECTOR, "per_image_postprocess", {"detection": {"postprocess": "per-image"}}),
+    (DETECTOR, "nvimgcodec", {"jpeg_decoder": "nvimgcodec"}),
+    (DETECTOR, "batch_64_2_workers", {"serving": {"batch_size": 64, "min_workers": 2, "max_workers": 2}}),
 )
 # Seconds a step spends apart from its measured loads (building a variant, registering it, its
 # workers starting), rounded up from a rehearsal on a 2-core CPU machine (2026-11-28: the three
@@ -85,6 +108,7 @@ LEVERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 VARIANT_OVERHEAD_S = 15.0
 SERVER_OVERHEAD_S = 20.0
 SYNCS_PER_MODEL_S = 6.0
+HANDLER_BATCH_REPEATS = 8
 
 
 @dataclass(frozen=True)
@@ -103,6 +127,8 @@ class GpuLabSettings:
     models: Path = GPU_MODELS
     steps: tuple[str, ...] = (*STEPS, *LEVER_STEPS)
     echo_workers: tuple[int, ...] = (2, 4, 8)
+    # The variants `levers` and `syncs` measure, by name (`<model>_<variant>`); None: all of LEVERS.
+    levers: tuple[str, ...] | None = None
 
 
 def lab_device() -> torch.device:
@@ -167,7 +193,7 @@ def answer_check(store: Path, work: Path, device: torch.device,
     threads = torch.get_num_threads()
     try:
         results = compare_devices(model_dir, gpu_id_of(device), precisions, answer_check_images(),
-                                  decode_share=True)
+                                  decode_share=True, nvimgcodec=nvimgcodec_decoder.available())
     finally:
         torch.set_num_threads(threads)
     for result in results:
@@ -179,7 +205,10 @@ def answer_check(store: Path, work: Path, device: torch.device,
 
 def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.device,
                settings: GpuLabSettings) -> dict[str, Any]:
-    """The classifier's model alone and plain pipeline, and the detector's plain pipeline."""
+    """The classifier's model alone (as loaded, and with half weights where the archive runs
+    fp16 or bf16 on CUDA: what its workers run) and plain pipeline; the batched JPEG decode
+    alone, by torchvision and by nvImageCodec where it is installed; the detector's plain
+    pipeline and its network alone (backbone and head)."""
     from handlers.model.model_loading import load_model
     from handlers.model.settings import parse_detector_settings
     from torchserve_vision.local_handler import archive_context
@@ -192,9 +221,14 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
     result: dict[str, Any] = {
         "classifier_model_only": model_only(network, cls.input_size, precision, cls.channels_last,
                                             batches, device),
+        "classifier_model_half_weights": model_only(network, cls.input_size, precision, cls.channels_last,
+                                                    batches, device, half_weights=True),
+        "decode_torchvision": decode_only(jpegs, batches[:2], device, "torchvision"),
         "classifier_pipeline": classifier_pipeline(network, jpegs, cls.resize_size, cls.input_size,
                                                    cls.mean, cls.std, precision, cls.channels_last,
                                                    batches[:2], device)}
+    if nvimgcodec_decoder.available():
+        result["decode_nvimgcodec"] = decode_only(jpegs, batches[:2], device, "nvimgcodec")
     detector_dir = extract_archive(store / f"{DETECTOR}-1.0.mar", work / "reference-detector")
     context = archive_context(detector_dir)
     detector_settings = parse_detector_settings((context.model_yaml_config or {})["handler"])
@@ -202,6 +236,8 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
                           detector_dir / context.manifest["model"]["serializedFile"], device)
     result["detector_pipeline"] = detector_pipeline(detector, jpegs, detector_settings.precision,
                                                     settings.detector_batches, device)
+    result["detector_network_only"] = detector_network_only(detector, detector_settings.precision,
+                                                            settings.detector_batches, device)
     say(f"in-process: {json.dumps(result)}")
     return result
 
@@ -347,18 +383,27 @@ def builtin_sweep(client: TorchServeClient, store: Path, jpegs: Sequence[bytes],
 def variant_description(description: ModelDescription, variant: str,
                         overrides: dict[str, Any]) -> ModelDescription:
     """`description` under the name `<name>_<variant>`, its handler settings updated by
-    `overrides` (a nested section merged into its own)."""
+    `overrides` (a nested section merged into its own; "serving" replaces serving settings)."""
     options = dict(description.handler_options)
+    serving = description.serving
     for key, value in overrides.items():
-        options[key] = {**options.get(key, {}), **value} if isinstance(value, dict) else value
-    return dataclasses.replace(description, name=f"{description.name}_{variant}", handler_options=options)
+        if key == "serving":
+            serving = dataclasses.replace(serving, **value)
+        else:
+            options[key] = {**options.get(key, {}), **value} if isinstance(value, dict) else value
+    return dataclasses.replace(description, name=f"{description.name}_{variant}", handler_options=options,
+                               serving=serving)
 
 
-def lever_variants(descriptions: Sequence[ModelDescription]) -> list[tuple[str, ModelDescription]]:
-    """(the served model it varies, the variant's description) for each of LEVERS."""
+def lever_variants(descriptions: Sequence[ModelDescription],
+                   chosen: Sequence[str] | None = None) -> list[tuple[str, ModelDescription]]:
+    """(the served model it varies, the variant's description) for each of LEVERS, or of those
+    named in `chosen`; those that decode with nvImageCodec only where it is installed."""
     by_name = {description.name: description for description in descriptions}
     return [(model, variant_description(by_name[model], variant, overrides))
-            for model, variant, overrides in LEVERS if model in by_name]
+            for model, variant, overrides in LEVERS
+            if model in by_name and (chosen is None or f"{model}_{variant}" in chosen)
+            and (overrides.get("jpeg_decoder") != "nvimgcodec" or nvimgcodec_decoder.available())]
 
 
 def served_variants(client: TorchServeClient, store: Path, jpegs: Sequence[bytes], work: Path,
@@ -368,7 +413,7 @@ def served_variants(client: TorchServeClient, store: Path, jpegs: Sequence[bytes
     workers' stage times and cycle split; then unregistered."""
     results: dict[str, Any] = {}
     most = max(settings.loads)
-    for _, variant in lever_variants(descriptions):
+    for _, variant in lever_variants(descriptions, settings.levers):
         register(client, store, built(variant, store).name, variant.name, variant.serving)
         try:
             report, window = drive(client.prediction_url(variant.name), jpegs, most, work, settings,
@@ -385,10 +430,14 @@ def served_variants(client: TorchServeClient, store: Path, jpegs: Sequence[bytes
 
 
 def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.device,
-                           descriptions: Sequence[ModelDescription]) -> dict[str, Any]:
-    """In-process on `device`: for each served model and each of its variants, one batch of its
-    batch size under torch.cuda's sync debug mode (the synchronisations it warns of) and under
-    torch.profiler (a Chrome trace in `work`/traces)."""
+                           descriptions: Sequence[ModelDescription],
+                           chosen: Sequence[str] | None = None) -> dict[str, Any]:
+    """In-process on `device`: for each served model and each of its variants (`chosen`) that
+    changes its handler's settings (not only its serving settings), one
+    batch of its batch size under torch.cuda's sync debug mode (the synchronisations it warns
+    of) and under torch.profiler (a Chrome trace in `work`/traces), and the handler's images/s
+    on such batches of distinct images in one process, without TorchServe (the best of
+    HANDLER_BATCH_REPEATS): what one worker's handler could serve if nothing else took time."""
     import base64
 
     from torchserve_vision.local_handler import archive_context, load_handler
@@ -396,29 +445,39 @@ def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], devi
     traces = work / "traces"
     traces.mkdir(parents=True, exist_ok=True)
     served = [description for description in descriptions if description.start]
-    candidates = [*served, *(variant for _, variant in lever_variants(descriptions))]
+    by_name = {description.name: description for description in descriptions}
+    candidates = [*served, *(variant for model, variant in lever_variants(descriptions, chosen)
+                             if variant.handler_options != by_name[model].handler_options)]
     results: dict[str, Any] = {}
     for description in candidates:
         handler = load_handler(extract_archive(built(description, store), work / "syncs" / description.name),
                                description.serving.batch_size, gpu_id_of(device))
         body = ((lambda jpeg: {"body": {"data": base64.b64encode(jpeg).decode()}})
                 if description.kind.network == "detector" else (lambda jpeg: {"body": bytearray(jpeg)}))
-        rows = [body(jpeg) for jpeg in jpegs[:description.serving.batch_size]]
+        batch = description.serving.batch_size
+        rows = [body(jpeg) for jpeg in jpegs[:batch]]
 
         def run_batch(handler: Any = handler, rows: list[dict[str, Any]] = rows) -> None:
             handler.handle(rows, archive_context(handler.model_dir, request_headers=[{} for _ in rows]))
+
+        def timed_batch(round_index: int, batch: int = batch, body: Any = body) -> None:
+            start = round_index * batch
+            chosen_rows = [body(jpegs[(start + offset) % len(jpegs)]) for offset in range(batch)]
+            run_batch(rows=chosen_rows)
 
         run_batch()
         counted = synchronisations(run_batch) if device.type == "cuda" else 0
         trace = traces / f"{description.name}.json"
         activities = [torch.profiler.ProfilerActivity.CPU] + (
             [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with torch.profiler.profile(activities=activities) as profiler:
+        with torch.profiler.profile(activities=activities, with_stack=True) as profiler:
             run_batch()
         profiler.export_chrome_trace(str(trace))
+        rate = images_per_s(timed_batch, batch, device, repeats=HANDLER_BATCH_REPEATS)
         results[description.name] = {"batch": len(rows), "synchronisations": counted,
-                                     "trace": str(trace)}
-        say(f"syncs {description.name}: {counted} in a batch of {len(rows)} (trace {trace})")
+                                     "trace": str(trace), "handler_images_per_s": rate}
+        say(f"syncs {description.name}: {counted} in a batch of {len(rows)} (trace {trace}); "
+            f"its handler in-process {rate:.0f} images/s")
     return results
 
 
@@ -441,12 +500,12 @@ def planned_s(settings: GpuLabSettings, descriptions: Sequence[ModelDescription]
     if "builtin" in wanted:
         plan += (load_s + VARIANT_OVERHEAD_S) * len(settings.builtin_workers) + load_s * len(settings.loads)
     if "levers" in wanted:
-        plan += (load_s + VARIANT_OVERHEAD_S) * len(lever_variants(descriptions))
+        plan += (load_s + VARIANT_OVERHEAD_S) * len(lever_variants(descriptions, settings.levers))
     if "echo_workers" in wanted:
         plan += (load_s + VARIANT_OVERHEAD_S) * len(settings.echo_workers)
     if "syncs" in wanted:
         served = [description for description in descriptions if description.start]
-        plan += SYNCS_PER_MODEL_S * (len(lever_variants(descriptions)) + len(served))
+        plan += SYNCS_PER_MODEL_S * (len(lever_variants(descriptions, settings.levers)) + len(served))
     if "load_generator" in wanted:
         plan += load_s
     return plan
@@ -505,7 +564,7 @@ def run_gpu_lab(settings: GpuLabSettings,
     step("answers", lambda: answer_check(store, work, device, settings.precisions))
     step("in_process", lambda: in_process(store, work, jpegs, device, settings))
     step("load_generator", lambda: load_generator_ceiling(jpegs, work, settings))
-    step("syncs", lambda: batch_synchronisations(store, work, jpegs, device, descriptions))
+    step("syncs", lambda: batch_synchronisations(store, work, jpegs, device, descriptions, settings.levers))
     if wanted & {"echo", "classifier", "builtin", "detector", "levers", "echo_workers"}:
         classifier = next(d for d in descriptions if d.start and d.name == CLASSIFIER)
         with lab_server(work, store, descriptions) as (instance, ready_s):

@@ -2,13 +2,17 @@
 compared with on the same GPU in the same run (`lab gpu`).
 
 - The classifier's model alone: eager at several batch sizes, in the archive's precision and
-  memory format (images/s of the forward pass, inputs already on the device).
+  memory format (images/s of the forward pass, inputs already on the device); as loaded (fp16
+  and bf16 as autocast), and with weights and input in the half dtype a CUDA worker runs.
+- The batched JPEG decode alone (handlers.request.jpeg_batches, torchvision's or nvImageCodec's
+  decoder), its pixels on the device.
 - The classifier's pipeline: JPEG bytes -> top-5 on the host, one batch at a time: batched
   `decode_jpeg` on the device, resize (float, antialiased) to the resize size's square, centre
   crop, normalise, the network, softmax top-5, copied to the host. The steps of the team's
   reference script for this comparison, written here against the archive's own network.
 - The detector's pipeline: batched decode, the images as floats, the torchvision detector (its
-  own transform and postprocess), its boxes, scores and labels copied to the host.
+  own transform and postprocess), its boxes, scores and labels copied to the host; and its
+  network alone (backbone and head on an input batch already on the device, at its input size).
 
 Each figure is the best of a few timed repeats after a warm-up, with the device synchronised,
 cycling through distinct images.
@@ -16,6 +20,7 @@ cycling through distinct images.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +30,9 @@ from torch import nn
 from torch.nn import functional as F
 from torchvision.io import decode_jpeg
 
+from handlers.model.cuda_batches import half_weights_dtype
 from handlers.model.model_loading import autocast
+from handlers.request.jpeg_batches import JpegDecoder, decode_jpeg_run
 
 
 def synchronize(device: torch.device) -> None:
@@ -49,18 +56,58 @@ def images_per_s(step: Callable[[int], Any], batch: int, device: torch.device, r
 
 
 def model_only(network: nn.Module, input_size: int, precision: str, channels_last: bool,
-               batches: Sequence[int], device: torch.device) -> dict[int, float]:
-    """Images/s of the forward pass alone at each batch size."""
+               batches: Sequence[int], device: torch.device, half_weights: bool = False) -> dict[int, float]:
+    """Images/s of the forward pass alone at each batch size; with `half_weights`, a copy of the
+    network in the half dtype of `precision` on CUDA, fed in that dtype (as loaded elsewhere)."""
+    dtype = half_weights_dtype(device, precision, half_weights)
+    if dtype is not None:
+        network = copy.deepcopy(network).to(dtype)
     rates = {}
     with torch.inference_mode():
         for batch in batches:
-            inputs = torch.randn(batch, 3, input_size, input_size, device=device)
+            inputs = torch.randn(batch, 3, input_size, input_size, device=device,
+                                 dtype=dtype or torch.float32)
             if channels_last:
                 inputs = inputs.contiguous(memory_format=torch.channels_last)
 
             def forward(_round: int, inputs: torch.Tensor = inputs) -> Any:
+                if dtype is not None:
+                    return network(inputs)
                 with autocast(device, precision):
                     return network(inputs)
+
+            rates[batch] = images_per_s(forward, batch, device)
+    return rates
+
+
+def decode_only(jpegs: Sequence[bytes], batches: Sequence[int], device: torch.device,
+                decoder: JpegDecoder) -> dict[int, float]:
+    """Images/s of one batched decode call of `decoder`, the pixels on `device`."""
+    rates = {}
+    for batch in batches:
+        def step(round_index: int, batch: int = batch) -> Any:
+            start = (round_index * batch) % len(jpegs)
+            return decode_jpeg_run([jpegs[(start + offset) % len(jpegs)] for offset in range(batch)],
+                                   device, decoder)
+
+        rates[batch] = images_per_s(step, batch, device)
+    return rates
+
+
+def detector_network_only(network: Any, precision: str, batches: Sequence[int],
+                          device: torch.device) -> dict[int, float]:
+    """Images/s of a torchvision SSD's backbone and head alone on an input batch at its fixed
+    input size (no transform, no postprocess)."""
+    height, width = getattr(network.transform, "fixed_size", None) or (320, 320)
+    rates = {}
+    with torch.inference_mode():
+        for batch in batches:
+            inputs = torch.randn(batch, 3, height, width, device=device)
+
+            def forward(_round: int, inputs: torch.Tensor = inputs) -> Any:
+                with autocast(device, precision):
+                    features = network.backbone(inputs)
+                    return network.head(list(features.values()))
 
             rates[batch] = images_per_s(forward, batch, device)
     return rates

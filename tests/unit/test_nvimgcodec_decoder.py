@@ -40,8 +40,9 @@ def test_its_pixels_are_torchvisions_bit_for_bit_as_channels_first_views(subsamp
 def test_a_grey_jpeg_comes_out_as_three_equal_channels():
     grey = encode(textured_rgb(40, 30, seed=9).convert("L"), "JPEG")
     (image,) = jpeg_batches.decode_jpeg_run([grey], CPU, "nvimgcodec")
-    assert image is not None and image.shape == (3, 40, 30)
-    assert torch.equal(image, torchvision_decodes([grey])[0])
+    (expected,) = torchvision_decodes([grey])
+    assert image is not None and expected is not None and image.shape == (3, 40, 30)
+    assert torch.equal(image, expected)
 
 
 def test_a_jpeg_it_cannot_read_is_none_and_its_batch_mates_are_decoded():
@@ -58,8 +59,13 @@ def test_every_image_of_a_mixed_batch_gets_what_the_default_decoder_gives_it(mon
     expected = decode_images(list(batch.values()), LIMITS, CPU)
     monkeypatch.setattr(decode, "batched_decoder", lambda device, decoder: decoder)
     called: list[int] = []
-    monkeypatch.setattr(nvimgcodec_decoder, "decode_call", lambda encoded, device, real=nvimgcodec_decoder
-                        .decode_call: called.append(len(encoded)) or real(encoded, device))
+    real_call = nvimgcodec_decoder.decode_call
+
+    def counted_call(encoded: list[bytes], device: torch.device) -> list[torch.Tensor | None]:
+        called.append(len(encoded))
+        return real_call(encoded, device)
+
+    monkeypatch.setattr(nvimgcodec_decoder, "decode_call", counted_call)
     got = decode_images(list(batch.values()), LIMITS, CPU, decoder="nvimgcodec")
     assert called, "nvImageCodec was not called"
     for (name, _), result, reference in zip(batch.items(), got, expected, strict=True):

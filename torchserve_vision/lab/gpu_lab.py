@@ -109,6 +109,7 @@ VARIANT_OVERHEAD_S = 15.0
 SERVER_OVERHEAD_S = 20.0
 SYNCS_PER_MODEL_S = 6.0
 HANDLER_BATCH_REPEATS = 8
+HANDLER_BATCH_WARM_UP = 2
 
 
 @dataclass(frozen=True)
@@ -460,10 +461,13 @@ def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], devi
         def run_batch(handler: Any = handler, rows: list[dict[str, Any]] = rows) -> None:
             handler.handle(rows, archive_context(handler.model_dir, request_headers=[{} for _ in rows]))
 
-        def timed_batch(round_index: int, batch: int = batch, body: Any = body) -> None:
-            start = round_index * batch
-            chosen_rows = [body(jpegs[(start + offset) % len(jpegs)]) for offset in range(batch)]
-            run_batch(rows=chosen_rows)
+        # each timed round's requests and context made beforehand: only `handle` is timed
+        rounds = [([body(jpegs[(round_index * batch + offset) % len(jpegs)]) for offset in range(batch)],
+                   archive_context(handler.model_dir, request_headers=[{} for _ in range(batch)]))
+                  for round_index in range(HANDLER_BATCH_WARM_UP + HANDLER_BATCH_REPEATS)]
+
+        def timed_batch(round_index: int, handler: Any = handler, rounds: Any = rounds) -> None:
+            handler.handle(*rounds[round_index])
 
         run_batch()
         counted = synchronisations(run_batch) if device.type == "cuda" else 0
@@ -473,7 +477,8 @@ def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], devi
         with torch.profiler.profile(activities=activities, with_stack=True) as profiler:
             run_batch()
         profiler.export_chrome_trace(str(trace))
-        rate = images_per_s(timed_batch, batch, device, repeats=HANDLER_BATCH_REPEATS)
+        rate = images_per_s(timed_batch, batch, device, repeats=HANDLER_BATCH_REPEATS,
+                            warm_up=HANDLER_BATCH_WARM_UP)
         results[description.name] = {"batch": len(rows), "synchronisations": counted,
                                      "trace": str(trace), "handler_images_per_s": rate}
         say(f"syncs {description.name}: {counted} in a batch of {len(rows)} (trace {trace}); "

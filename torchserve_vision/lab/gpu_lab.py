@@ -280,12 +280,13 @@ def drive(url: str, jpegs: Sequence[bytes], clients: int, work: Path, settings: 
 
 def served(client: TorchServeClient, model: str, jpegs: Sequence[bytes], work: Path,
            settings: GpuLabSettings, log: Path | None = None) -> dict[str, Any]:
-    """`model` at each load; with `log`, the stage times of its batches at the most clients."""
+    """`model` at each load; with `log`, the stage times of its batches at each load (at one
+    client: where a lone request's time goes)."""
     by_load: dict[str, Any] = {}
     for clients in settings.loads:
         report, window = drive(client.prediction_url(model), jpegs, clients, work, settings, model)
         by_load[str(clients)] = summary(report)
-        if log is not None and log.is_file() and clients == max(settings.loads):
+        if log is not None and log.is_file():
             with log.open(encoding="utf-8", errors="replace") as lines:
                 batches = [batch for batch in logged_batches(lines, model, "1.0")
                            if window[0] <= batch.at <= window[1]]

@@ -86,8 +86,11 @@ GOAL_IMAGES_PER_S = 10_000
 STEPS = ("answers", "in_process", "load_generator", "echo", "classifier", "builtin", "detector")
 LEVER_STEPS = ("syncs", "levers", "echo_workers")
 # Archive variants of the served models: (model, variant name, handler settings over its own;
-# "serving" overrides the description's serving settings). Those decoding with nvImageCodec are
-# measured where it is installed.
+# "serving" overrides the description's serving settings, as absolute values: since 2026-11-28
+# config/models-gpu.yaml serves the classifier at 4 workers and the detector at batch 64 with 2,
+# so `4_workers` and `batch_64_2_workers` are the base archives' settings and `2_workers` and
+# `batch_16_1_worker` the earlier ones). Those decoding with nvImageCodec are measured where it is
+# installed.
 LEVERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (CLASSIFIER, "graphs", {"cuda_graphs": True}),
     (CLASSIFIER, "autocast", {"cuda_half_weights": False}),
@@ -95,11 +98,13 @@ LEVERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (CLASSIFIER, "nvimgcodec_4_workers", {"jpeg_decoder": "nvimgcodec",
                                           "serving": {"min_workers": 4, "max_workers": 4}}),
     (CLASSIFIER, "4_workers", {"serving": {"min_workers": 4, "max_workers": 4}}),
+    (CLASSIFIER, "2_workers", {"serving": {"min_workers": 2, "max_workers": 2}}),
     (CLASSIFIER, "nvimgcodec_batch_128_4_workers", {"jpeg_decoder": "nvimgcodec", "serving": {
         "batch_size": 128, "min_workers": 4, "max_workers": 4}}),
     (DETECTOR, "per_image_postprocess", {"detection": {"postprocess": "per-image"}}),
     (DETECTOR, "nvimgcodec", {"jpeg_decoder": "nvimgcodec"}),
     (DETECTOR, "batch_64_2_workers", {"serving": {"batch_size": 64, "min_workers": 2, "max_workers": 2}}),
+    (DETECTOR, "batch_16_1_worker", {"serving": {"batch_size": 16, "min_workers": 1, "max_workers": 1}}),
 )
 # Seconds a step spends apart from its measured loads (building a variant, registering it, its
 # workers starting), rounded up from a rehearsal on a 2-core CPU machine (2026-11-28: the three

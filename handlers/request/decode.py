@@ -14,7 +14,8 @@ nothing over a limit is decoded. Then, by what the header says:
 - the other JPEGs that nvJPEG takes (8-bit Huffman-coded baseline, extended or progressive,
   grey or YCbCr, complete: `JpegCoding.device_decodable`): all of the batch together,
   `torchvision.io.decode_jpeg` on a list on the worker's device (nvJPEG on a GPU, libjpeg-turbo
-  on the CPU), in calls bounded by `limits.max_decode_pixels_per_call`
+  on the CPU; on a GPU, nvImageCodec's decoder where the archive says `jpeg_decoder:
+  nvimgcodec`), in calls bounded by `limits.max_decode_pixels_per_call`
   (handlers.request.jpeg_batches), then oriented on the device (handlers.request.orientation).
   Where that decoder repeats 4:2:0 or 4:2:2 chroma over its blocks (nvJPEG; measured once per
   device, `decoder_repeats_chroma`), the chroma is first interpolated as libjpeg-turbo does

@@ -1,7 +1,9 @@
 """A batch's JPEGs decoded by NVIDIA nvImageCodec (`nvidia-nvimgcodec-cu13`), an archive's
-`jpeg_decoder: nvimgcodec` on a CUDA worker: on a GPU with JPEG engines (A100, H100, H200) its
-hardware backend decodes them and leaves the SMs to the model; elsewhere, or for a JPEG the
-engines do not take, its CUDA backend, then its hybrid one (Huffman decoding on the host).
+`jpeg_decoder: nvimgcodec` on a CUDA worker. Its backends are allowed in this order: the hardware
+one (the JPEG engines of an A100, H100 or H200, where the driver exposes them: they would leave
+the SMs to the model), the CUDA one, then the hybrid one (Huffman decoding on the host). On the
+H200 measured (docs/benchmarks.md, 2026-11-28) it decoded on the host and copied the pixels over,
+0.39x torchvision's nvJPEG at batch 64, so it is not the default.
 
 Same contract as torchvision's batched decode in handlers.request.jpeg_batches: stored pixels,
 `uint8[3, H, W]` on the device (a view of the decoder's `[H, W, 3]` buffer, which the tensor

@@ -8,21 +8,35 @@ width first, then height, through a uint8 intermediate. On CUDA, `interpolate` h
 antialiased kernel, and torchvision resizes in float and rounds: outputs one level apart from
 the CPU's, which moved EfficientNet-Lite0's probabilities by up to 0.045 on the project's photos
 (docs/precision.md). Here the CPU keeps ATen's kernel (vectorised) and every other device runs
-`resize_exact`: the same integer arithmetic as tensor operations (int32 gathers and sums, which
-are exact on any device), bit for bit equal to the CPU's (tests/unit/test_fixed_point_resize.py).
+`resize_exact`: the same integer arithmetic as tensor operations, bit for bit equal to the CPU's
+(tests/unit/test_fixed_point_resize.py). Each pass is a float32 matrix product by the axis's
+weights laid out as a banded `[input, output]` matrix: every product and partial sum is a
+non-negative integer below 2**24, which float32 holds exactly whatever the order of summation
+(TF32 kept off), so the product is the integer dot product; where the largest sum would not fit,
+the weights are split into their high and low bytes, two products of small integers recombined
+in int32. (The other way, `method="gathers"`: one int32 gather, multiply and add per tap, a
+kernel each, which on an H200 took more GPU time than the model: docs/benchmarks.md.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal
 
 import torch
 from torch.nn import functional as F
 
 INT16_LIMIT = 1 << 15
 MAX_PRECISION_BITS = 22
+FLOAT32_EXACT = 1 << 24          # float32 holds every integer below this exactly
+BYTE = 256
+
+# How a pass computes its integer dot products (module docstring); both give the same integers.
+ResampleMethod = Literal["matmul", "gathers"]
 
 
 @dataclass(frozen=True)
@@ -98,26 +112,73 @@ def device_taps(input_size: int, output_size: int,
     return index.to(device), weights.to(device), taps.precision
 
 
-def _resample_last_axis(images: torch.Tensor, output_size: int) -> torch.Tensor:
-    """int32 `[..., L]` -> int32 `[..., output]` holding 0..255: one fixed-point pass."""
-    index, weights, precision = device_taps(images.shape[-1], output_size, images.device)
-    total = torch.full((*images.shape[:-1], output_size), 1 << (precision - 1),
-                       dtype=torch.int32, device=images.device)
-    for tap in range(index.shape[0]):
-        total += images.index_select(-1, index[tap]) * weights[tap]
-    return (total >> precision).clamp_(0, 255)
+@lru_cache(maxsize=512)
+def device_matrices(input_size: int, output_size: int,
+                    device: torch.device) -> tuple[tuple[torch.Tensor, ...], int]:
+    """`axis_taps` as float32 `[input, output]` matrices on `device`, made once per (sizes,
+    device): one, the weights themselves, when 255 x the largest column sum plus the rounding
+    half is below FLOAT32_EXACT; else two, the weights' high and low bytes (each product then a
+    sum of integers below 2**24 for any filter of this module: at most 255 x 2**22 / 256, and
+    255 x 255 per tap). With the precision."""
+    taps = axis_taps(input_size, output_size)
+    matrix = torch.zeros(input_size, output_size, dtype=torch.int64)
+    for output, (first, row) in enumerate(zip(taps.first, taps.weights, strict=True)):
+        for tap, weight in enumerate(row):
+            if weight:
+                matrix[first + tap, output] += weight
+    largest = int(matrix.sum(dim=0).max())
+    if 255 * largest + (1 << (taps.precision - 1)) < FLOAT32_EXACT:
+        parts: tuple[torch.Tensor, ...] = (matrix,)
+    else:
+        parts = (matrix // BYTE, matrix % BYTE)
+    return tuple(part.to(torch.float32).to(device) for part in parts), taps.precision
 
 
-def resize_exact(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor:
+@contextlib.contextmanager
+def _ieee_float32(device: torch.device) -> Iterator[None]:
+    """float32 matrix products in IEEE float32 on a CUDA device (not TF32) while it runs."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _resample_last_axis(images: torch.Tensor, output_size: int,
+                        method: ResampleMethod = "matmul") -> torch.Tensor:
+    """Integer `[..., L]` holding 0..255 -> int32 `[..., output]` holding 0..255: one fixed-point
+    pass, as one or two matrix products or as a gather per tap."""
+    if method == "gathers":
+        index, weights, precision = device_taps(images.shape[-1], output_size, images.device)
+        total = torch.full((*images.shape[:-1], output_size), 1 << (precision - 1),
+                           dtype=torch.int32, device=images.device)
+        wide = images.to(torch.int32)
+        for tap in range(index.shape[0]):
+            total += wide.index_select(-1, index[tap]) * weights[tap]
+        return (total >> precision).clamp_(0, 255)
+    matrices, precision = device_matrices(images.shape[-1], output_size, images.device)
+    pixels = images.to(torch.float32)
+    with _ieee_float32(images.device):
+        products = [(pixels @ matrix).to(torch.int32) for matrix in matrices]
+    total = products[0] if len(products) == 1 else products[0] * BYTE + products[1]
+    return ((total + (1 << (precision - 1))) >> precision).clamp_(0, 255)
+
+
+def resize_exact(images: torch.Tensor, size_hw: tuple[int, int],
+                 method: ResampleMethod = "matmul") -> torch.Tensor:
     """`uint8[..., H, W]` -> `uint8[..., h, w]` with the CPU's fixed-point arithmetic (see the
     module docstring), on the images' device. The input is not modified."""
     height, width = images.shape[-2:]
     out_h, out_w = size_hw
-    result = images.to(torch.int32)
+    result = images
     if out_w != width:
-        result = _resample_last_axis(result, out_w)
+        result = _resample_last_axis(result, out_w, method)
     if out_h != height:
-        result = _resample_last_axis(result.transpose(-1, -2), out_h).transpose(-1, -2)
+        result = _resample_last_axis(result.transpose(-1, -2), out_h, method).transpose(-1, -2)
     return result.to(torch.uint8).contiguous()
 
 

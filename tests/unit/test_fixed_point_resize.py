@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from handlers.task.fixed_point_resize import axis_taps, resize_exact, resize_uint8
+from handlers.task.fixed_point_resize import axis_taps, device_matrices, resize_exact, resize_uint8
 
 
 def aten_uint8(images: torch.Tensor, size_hw: tuple[int, int]) -> torch.Tensor:
@@ -36,6 +36,32 @@ def size_pairs(count: int, seed: int) -> list[tuple[tuple[int, int], tuple[int, 
 def test_the_exact_resize_is_the_cpu_kernel_bit_for_bit(input_hw, output_hw):
     images = random_images(2, input_hw[0], input_hw[1], seed=sum(input_hw) + sum(output_hw))
     assert torch.equal(resize_exact(images, output_hw), aten_uint8(images, output_hw))
+
+
+@pytest.mark.parametrize(("input_hw", "output_hw"), [
+    ((720, 720), (256, 256)), ((1080, 1440), (256, 341)), ((3000, 40), (256, 9)), ((33, 4000), (5, 341)),
+])
+def test_both_ways_of_a_pass_are_the_cpu_kernel_at_the_largest_sums_too(input_hw, output_hw):
+    """The matrix products (one, or two by weight bytes where one would pass float32's exact
+    integers: 1080, 3000 and 4000 pixels here) and the gathers, on random pixels and on the
+    patterns whose sums are largest (all 255) or alternate between the ends."""
+    height, width = input_hw
+    stripes = (torch.arange(width) % 2 * 255).to(torch.uint8).expand(2, 3, height, width)
+    for images in (random_images(2, height, width, seed=height + width),
+                   torch.full((2, 3, height, width), 255, dtype=torch.uint8), stripes.contiguous()):
+        expected = aten_uint8(images, output_hw)
+        assert torch.equal(resize_exact(images, output_hw), expected)
+        assert torch.equal(resize_exact(images, output_hw, method="gathers"), expected)
+
+
+def test_a_pass_splits_its_weights_into_bytes_only_where_one_product_could_round():
+    cpu = torch.device("cpu")
+    (single,), precision = device_matrices(720, 256, cpu)
+    assert 255 * int(single.sum(dim=0).max()) + (1 << (precision - 1)) < 1 << 24
+    assert torch.equal(single.to(torch.int64).sum(dim=0).unique(), torch.unique(torch.tensor(
+        [sum(row) for row in axis_taps(720, 256).weights])))
+    high_and_low, _ = device_matrices(1080, 256, cpu)
+    assert len(high_and_low) == 2 and int(high_and_low[1].max()) < 256
 
 
 def test_a_real_photo_resizes_identically():

@@ -8,7 +8,8 @@ record (docs/benchmarks.md, "GPU").
    JPEGs, by the rule of handlers.model.answer_agreement (lab/device_answers.py); at fp32 also
    from the CPU's decoded pixels and, where it is installed, decoded by nvImageCodec.
 3. In-process on the same GPU, no handler (lab/gpu_reference.py): the classifier's model alone
-   (autocast, and half weights), the batched decode alone (torchvision's, nvImageCodec's), its
+   (autocast, and half weights), the batched decode alone (torchvision's, nvImageCodec's), the
+   CPU-exact resize alone (matrix products, gathers), its
    plain pipeline from JPEG bytes to top-5, the detector's plain pipeline and its network alone.
 4. The load generator (several processes: lab/process_load.py) against a trivial responder that
    is not TorchServe: its own ceiling.
@@ -70,6 +71,7 @@ from torchserve_vision.lab.gpu_reference import (
     detector_pipeline,
     images_per_s,
     model_only,
+    resize_only,
 )
 from torchserve_vision.lab.loadgen import Report
 from torchserve_vision.lab.process_load import default_processes, run_processes, trivial_responder
@@ -230,6 +232,8 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
         "classifier_model_half_weights": model_only(network, cls.input_size, precision, cls.channels_last,
                                                     batches, device, half_weights=True),
         "decode_torchvision": decode_only(jpegs, batches[:2], device, "torchvision"),
+        "resize_matmul": resize_only(batches[:1], device, "matmul"),
+        "resize_gathers": resize_only(batches[:1], device, "gathers"),
         "classifier_pipeline": classifier_pipeline(network, jpegs, cls.resize_size, cls.input_size,
                                                    cls.mean, cls.std, precision, cls.channels_last,
                                                    batches[:2], device)}

@@ -5,7 +5,8 @@ compared with on the same GPU in the same run (`lab gpu`).
   memory format (images/s of the forward pass, inputs already on the device); as loaded (fp16
   and bf16 as autocast), and with weights and input in the half dtype a CUDA worker runs.
 - The batched JPEG decode alone (handlers.request.jpeg_batches, torchvision's or nvImageCodec's
-  decoder), its pixels on the device.
+  decoder), its pixels on the device; the CPU-exact resize alone (720x720 -> 256x256, each way of
+  handlers.task.fixed_point_resize).
 - The classifier's pipeline: JPEG bytes -> top-5 on the host, one batch at a time: batched
   `decode_jpeg` on the device, resize (float, antialiased) to the resize size's square, centre
   crop, normalise, the network, softmax top-5, copied to the host. The steps of the team's
@@ -33,6 +34,7 @@ from torchvision.io import decode_jpeg
 from handlers.model.cuda_batches import half_weights_dtype
 from handlers.model.model_loading import autocast
 from handlers.request.jpeg_batches import JpegDecoder, decode_jpeg_run
+from handlers.task.fixed_point_resize import ResampleMethod, resize_exact
 
 
 def synchronize(device: torch.device) -> None:
@@ -89,6 +91,23 @@ def decode_only(jpegs: Sequence[bytes], batches: Sequence[int], device: torch.de
             start = (round_index * batch) % len(jpegs)
             return decode_jpeg_run([jpegs[(start + offset) % len(jpegs)] for offset in range(batch)],
                                    device, decoder)
+
+        rates[batch] = images_per_s(step, batch, device)
+    return rates
+
+
+def resize_only(batches: Sequence[int], device: torch.device, method: ResampleMethod,
+                side: int = 720, resized: int = 256) -> dict[int, float]:
+    """Images/s of `resize_exact` (`method`) from `side` x `side` to `resized` x `resized`, uint8
+    batches already on the device."""
+    rates = {}
+    generator = torch.Generator().manual_seed(0)
+    for batch in batches:
+        images = torch.randint(0, 256, (batch, 3, side, side), dtype=torch.uint8,
+                               generator=generator).to(device)
+
+        def step(_round: int, images: torch.Tensor = images) -> Any:
+            return resize_exact(images, (resized, resized), method)
 
         rates[batch] = images_per_s(step, batch, device)
     return rates

@@ -16,7 +16,7 @@ from torchvision.transforms.v2 import functional as F
 
 from handlers.model import model_loading
 from handlers.model.compiled_model import EagerModel, MachineTarget, Runner
-from handlers.model.cuda_batches import BucketedRunner, graph_backend, half_weights_dtype
+from handlers.model.cuda_batches import BucketedRunner, batch_norm_folded, graph_backend, half_weights_dtype
 from handlers.model.host_batches import loads_of
 from handlers.model.model_loading import autocast, load_for_serving
 from handlers.model.runner_selection import EAGER, RunnerChoice, choose_runner
@@ -34,8 +34,10 @@ class ClassifierModel:
         self.device = device
         self.labels, self.precision, self.network = load_for_serving(settings, model_dir,
                                                                      serialized_file, device)
-        # On CUDA, fp16 / bf16 weights and input instead of autocast over float32 weights
-        # (handlers.model.cuda_batches); None on a CPU, which keeps autocast.
+        # On CUDA, batch norms folded into the convolutions, and fp16 / bf16 weights and input
+        # instead of autocast over float32 weights (handlers.model.cuda_batches); on a CPU the
+        # network as loaded, with autocast.
+        self.network = batch_norm_folded(self.network, device, settings.cuda_fold_batch_norm)
         self.weights_dtype = half_weights_dtype(device, self.precision, settings.cuda_half_weights)
         if self.weights_dtype is not None:
             self.network = self.network.to(self.weights_dtype)

@@ -13,11 +13,15 @@ on the CPU in the tests with a stand-in that replays the forward itself.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
@@ -139,6 +143,23 @@ def half_weights_dtype(device: torch.device, precision: str, enabled: bool = Tru
     if device.type != "cuda" or not enabled:
         return None
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+
+
+def batch_norm_folded(network: nn.Module, device: torch.device, enabled: bool = True) -> nn.Module:
+    """On a CUDA worker (and the archive's `cuda_fold_batch_norm`), `network` with each eval-mode
+    BatchNorm2d that follows a Conv2d folded into the convolution's weights and bias, by
+    torch.fx's conv-bn fusion (a traced copy: ResNet-50's 53 normalisation kernels per batch
+    gone); the network itself elsewhere, or where it cannot be traced. The answers move by float
+    rounding only (tests/unit/test_cuda_batches.py)."""
+    if device.type != "cuda" or not enabled:
+        return network
+    from torch.fx.experimental.optimization import fuse
+
+    try:
+        return fuse(network)
+    except Exception as error:   # noqa: BLE001 - an untraceable network serves unfolded
+        logger.info("batch norm not folded: %s cannot be traced (%s)", type(network).__name__, error)
+        return network
 
 
 def graph_backend(device: torch.device, enabled: bool) -> Any:

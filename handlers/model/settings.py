@@ -102,6 +102,7 @@ class ClassifierSettings(HandlerSettings):
     # that dtype rather than autocast over float32 ones (handlers.model.cuda_batches).
     cuda_graphs: bool = False
     cuda_half_weights: bool = True
+    cuda_fold_batch_norm: bool = True
 
     @property
     def archive_runners(self) -> ArchiveRunners:
@@ -369,6 +370,8 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         runner_order=parse_order(handler_section.get("runner_order"), "runner_order"),
         cuda_graphs=_switch(handler_section.get("cuda_graphs", False), "cuda_graphs"),
         cuda_half_weights=_switch(handler_section.get("cuda_half_weights", True), "cuda_half_weights"),
+        cuda_fold_batch_norm=_switch(handler_section.get("cuda_fold_batch_norm", True),
+                                     "cuda_fold_batch_norm"),
         jpeg_decoder=parse_jpeg_decoder(handler_section),
     )
 

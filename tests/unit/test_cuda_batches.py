@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handlers.model.cuda_batches import BucketedRunner, bucket_of, bucket_sizes, half_weights_dtype
+from handlers.model.cuda_batches import (
+    BucketedRunner,
+    batch_norm_folded,
+    bucket_of,
+    bucket_sizes,
+    half_weights_dtype,
+)
 
 
 def test_buckets_are_the_powers_of_two_up_to_the_batch_size():
@@ -120,3 +126,38 @@ def test_a_batch_over_the_largest_bucket_runs_in_chunks_of_it():
     torch.testing.assert_close(runner(batch), forward(batch))
     by_size = {graph.static_input.shape[0]: graph for graph in graphs.captured}
     assert (by_size[4].replays, by_size[2].replays, by_size[1].replays) == (3, 0, 0)   # 4 + 4 + 3
+
+
+def test_a_cuda_workers_batch_norms_are_folded_into_its_convolutions_and_answers_move_by_rounding():
+    """Folding runs on the module (torch.fx), so the CPU's tensors show it; a CUDA worker is told
+    by its device, which is all the function reads of it."""
+    import torchvision
+
+    torch.manual_seed(0)
+    network = torchvision.models.resnet18(num_classes=10).eval()
+    with torch.no_grad():
+        for module in network.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                assert module.running_mean is not None and module.running_var is not None
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.running_var.uniform_(0.5, 2.0)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.2, 0.2)
+    folded = batch_norm_folded(network, torch.device("cuda", 0))
+    assert not any(isinstance(module, torch.nn.BatchNorm2d) for module in folded.modules())
+    assert sum(isinstance(module, torch.nn.BatchNorm2d) for module in network.modules()) == 20  # untouched
+    images = torch.randn(3, 3, 64, 64)
+    with torch.inference_mode():
+        expected, got = network(images), folded(images)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert batch_norm_folded(network, torch.device("cpu")) is network          # a CPU worker: as loaded
+    assert batch_norm_folded(network, torch.device("cuda", 0), enabled=False) is network
+
+
+def test_a_network_torch_fx_cannot_trace_serves_unfolded():
+    class DataDependent(torch.nn.Module):
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return images * 2 if images.sum() > 0 else images
+
+    network = DataDependent()
+    assert batch_norm_folded(network, torch.device("cuda", 0)) is network

@@ -96,6 +96,7 @@ LEVER_STEPS = ("syncs", "levers", "echo_workers")
 LEVERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (CLASSIFIER, "graphs", {"cuda_graphs": True}),
     (CLASSIFIER, "autocast", {"cuda_half_weights": False}),
+    (CLASSIFIER, "unfolded_batch_norm", {"cuda_fold_batch_norm": False}),
     (CLASSIFIER, "nvimgcodec", {"jpeg_decoder": "nvimgcodec"}),
     (CLASSIFIER, "nvimgcodec_4_workers", {"jpeg_decoder": "nvimgcodec",
                                           "serving": {"min_workers": 4, "max_workers": 4}}),
@@ -231,6 +232,8 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
                                             batches, device),
         "classifier_model_half_weights": model_only(network, cls.input_size, precision, cls.channels_last,
                                                     batches, device, half_weights=True),
+        "classifier_model_as_served": model_only(network, cls.input_size, precision, cls.channels_last,
+                                                 batches, device, half_weights=True, fold_batch_norm=True),
         "decode_torchvision": decode_only(jpegs, batches[:2], device, "torchvision"),
         "resize_matmul": resize_only(batches[:1], device, "matmul"),
         "resize_gathers": resize_only(batches[:1], device, "gathers"),

@@ -3,7 +3,8 @@ compared with on the same GPU in the same run (`lab gpu`).
 
 - The classifier's model alone: eager at several batch sizes, in the archive's precision and
   memory format (images/s of the forward pass, inputs already on the device); as loaded (fp16
-  and bf16 as autocast), and with weights and input in the half dtype a CUDA worker runs.
+  and bf16 as autocast), with weights and input in the half dtype a CUDA worker runs, and that
+  with its batch norms folded into its convolutions, as a CUDA worker runs it.
 - The batched JPEG decode alone (handlers.request.jpeg_batches, torchvision's or nvImageCodec's
   decoder), its pixels on the device; the CPU-exact resize alone (720x720 -> 256x256, each way of
   handlers.task.fixed_point_resize).
@@ -31,7 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 from torchvision.io import decode_jpeg
 
-from handlers.model.cuda_batches import half_weights_dtype
+from handlers.model.cuda_batches import batch_norm_folded, half_weights_dtype
 from handlers.model.model_loading import autocast
 from handlers.request.jpeg_batches import JpegDecoder, decode_jpeg_run
 from handlers.task.fixed_point_resize import ResampleMethod, resize_exact
@@ -58,9 +59,12 @@ def images_per_s(step: Callable[[int], Any], batch: int, device: torch.device, r
 
 
 def model_only(network: nn.Module, input_size: int, precision: str, channels_last: bool,
-               batches: Sequence[int], device: torch.device, half_weights: bool = False) -> dict[int, float]:
+               batches: Sequence[int], device: torch.device, half_weights: bool = False,
+               fold_batch_norm: bool = False) -> dict[int, float]:
     """Images/s of the forward pass alone at each batch size; with `half_weights`, a copy of the
-    network in the half dtype of `precision` on CUDA, fed in that dtype (as loaded elsewhere)."""
+    network in the half dtype of `precision` on CUDA, fed in that dtype (as loaded elsewhere);
+    with `fold_batch_norm`, its batch norms folded into its convolutions first on CUDA."""
+    network = batch_norm_folded(network, device, fold_batch_norm)
     dtype = half_weights_dtype(device, precision, half_weights)
     if dtype is not None:
         network = copy.deepcopy(network).to(dtype)

@@ -25,6 +25,7 @@ import ctypes
 import importlib.util
 import sys
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,6 @@ import torch
 
 # Where pip's `nvidia-nvjpeg` (CUDA 13) puts the library, under a site-packages directory.
 NVJPEG_LIBRARY = Path("nvidia") / "cu13" / "lib" / "libnvjpeg.so.13"
-
-_DECODERS: dict[torch.device, Any] = {}
-_PARAMS: list[Any] = []
-
 
 def available() -> bool:
     """Whether nvImageCodec's Python package is installed (it is imported only when used)."""
@@ -51,32 +48,28 @@ def _load_wheel_nvjpeg() -> None:
             return
 
 
+@cache
 def decoder_for(device: torch.device) -> Any:
     """The process's nvImageCodec decoder for `device`, made on first use."""
-    if device not in _DECODERS:
-        from nvidia import nvimgcodec
+    from nvidia import nvimgcodec
 
-        kinds = nvimgcodec.BackendKind
-        if device.type == "cuda":
-            _load_wheel_nvjpeg()
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            backends = [nvimgcodec.Backend(kind) for kind in
-                        (kinds.HW_GPU_ONLY, kinds.GPU_ONLY, kinds.HYBRID_CPU_GPU)]
-            _DECODERS[device] = nvimgcodec.Decoder(device_id=index, backends=backends)
-        else:
-            _DECODERS[device] = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
-                                                   backends=[nvimgcodec.Backend(kinds.CPU_ONLY)])
-    return _DECODERS[device]
+    kinds = nvimgcodec.BackendKind
+    if device.type != "cuda":
+        return nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                  backends=[nvimgcodec.Backend(kinds.CPU_ONLY)])
+    _load_wheel_nvjpeg()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    order = (kinds.HW_GPU_ONLY, kinds.GPU_ONLY, kinds.HYBRID_CPU_GPU)
+    backends = [nvimgcodec.Backend(kind) for kind in order]
+    return nvimgcodec.Decoder(device_id=index, backends=backends)
 
 
+@cache
 def _params() -> Any:
-    if not _PARAMS:
-        from nvidia import nvimgcodec
+    from nvidia import nvimgcodec
 
-        _PARAMS.append(nvimgcodec.DecodeParams(apply_exif_orientation=False,
-                                               color_spec=nvimgcodec.ColorSpec.SRGB,
-                                               sample_format=nvimgcodec.SampleFormat.I_RGB))
-    return _PARAMS[0]
+    return nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
+                                   sample_format=nvimgcodec.SampleFormat.I_RGB)
 
 
 def decode_call(encoded: Sequence[bytes], device: torch.device) -> list[torch.Tensor | None]:

@@ -99,17 +99,23 @@ def axis_taps(input_size: int, output_size: int) -> AxisTaps:
     return AxisTaps(tuple(firsts), weights, precision)
 
 
-@lru_cache(maxsize=512)
-def device_taps(input_size: int, output_size: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """`axis_taps` as tensors on `device`, made once per (sizes, device): the input index each
-    tap reads, `int64[taps, output]` (clamped to the input: past the support the weight is 0),
-    its weight, `int32[taps, output]`, and the precision."""
+def _tap_tables(input_size: int, output_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`axis_taps` as CPU tensors: the input index each tap reads, `int64[taps, output]` (clamped
+    to the input: past the support the weight is 0), its weight, `int32[taps, output]`, and the
+    precision."""
     taps = axis_taps(input_size, output_size)
     first = torch.tensor(taps.first, dtype=torch.int64)
     index = (first[None, :] + torch.arange(taps.taps)[:, None]).clamp_(max=input_size - 1)
     weights = torch.tensor(taps.weights, dtype=torch.int32).T.contiguous()
-    return index.to(device), weights.to(device), taps.precision
+    return index, weights, taps.precision
+
+
+@lru_cache(maxsize=512)
+def device_taps(input_size: int, output_size: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`_tap_tables` on `device`, made once per (sizes, device)."""
+    index, weights, precision = _tap_tables(input_size, output_size)
+    return index.to(device), weights.to(device), precision
 
 
 @lru_cache(maxsize=512)
@@ -120,18 +126,16 @@ def device_matrices(input_size: int, output_size: int,
     half is below FLOAT32_EXACT; else two, the weights' high and low bytes (each product then a
     sum of integers below 2**24 for any filter of this module: at most 255 x 2**22 / 256, and
     255 x 255 per tap). With the precision."""
-    taps = axis_taps(input_size, output_size)
-    matrix = torch.zeros(input_size, output_size, dtype=torch.int64)
-    for output, (first, row) in enumerate(zip(taps.first, taps.weights, strict=True)):
-        for tap, weight in enumerate(row):
-            if weight:
-                matrix[first + tap, output] += weight
+    index, weights, precision = _tap_tables(input_size, output_size)
+    outputs = torch.arange(output_size).expand_as(index)
+    matrix = torch.zeros(input_size, output_size, dtype=torch.int64).index_put_(
+        (index, outputs), weights.to(torch.int64), accumulate=True)   # clamped taps add 0
     largest = int(matrix.sum(dim=0).max())
-    if 255 * largest + (1 << (taps.precision - 1)) < FLOAT32_EXACT:
+    if 255 * largest + (1 << (precision - 1)) < FLOAT32_EXACT:
         parts: tuple[torch.Tensor, ...] = (matrix,)
     else:
         parts = (matrix // BYTE, matrix % BYTE)
-    return tuple(part.to(torch.float32).to(device) for part in parts), taps.precision
+    return tuple(part.to(torch.float32).to(device) for part in parts), precision
 
 
 @contextlib.contextmanager

@@ -8,9 +8,10 @@ record (docs/benchmarks.md, "GPU").
    JPEGs, by the rule of handlers.model.answer_agreement (lab/device_answers.py); at fp32 also
    from the CPU's decoded pixels and, where it is installed, decoded by nvImageCodec.
 3. In-process on the same GPU, no handler (lab/gpu_reference.py): the classifier's model alone
-   (autocast, and half weights), the batched decode alone (torchvision's, nvImageCodec's), the
-   CPU-exact resize alone (matrix products, gathers), its
-   plain pipeline from JPEG bytes to top-5, the detector's plain pipeline and its network alone.
+   (autocast; half weights; half weights with its batch norms folded, as a worker runs it), the
+   batched decode alone (torchvision's, nvImageCodec's), the CPU-exact resize alone (matrix
+   products, gathers), its plain pipeline from JPEG bytes to top-5, the detector's plain
+   pipeline and its network alone.
 4. The load generator (several processes: lab/process_load.py) against a trivial responder that
    is not TorchServe: its own ceiling.
 5. A TorchServe from the built archives (workers READY timed from the start), and on it: the echo
@@ -20,10 +21,11 @@ record (docs/benchmarks.md, "GPU").
    best at the most clients measured at each load; the detector at each load.
 6. The levers of a GPU batch (`levers`, `syncs`, `echo_workers`): each archive variant of LEVERS
    (`--levers` picks some: the classifier with CUDA graphs, with autocast over float32 weights
-   instead of half weights, decoding with nvImageCodec, at 4 workers, at batch 128; the detector
-   with torchvision's per-image postprocess instead of the batched one, with nvImageCodec, at
-   batch 64 and 2 workers) served at the most clients beside the base archive, with its workers'
-   cycle split from their batch log (`batch_ms`, `waited_ms`); in-process on the same GPU, for
+   instead of half weights, with its batch norms unfolded, decoding with nvImageCodec, at 2 or 4
+   workers, at batch 128; the detector with torchvision's per-image postprocess instead of the
+   batched one, with nvImageCodec, at batch 16 with 1 worker or 64 with 2) served at the most
+   clients beside the base archive, with its workers' cycle split from their batch log
+   (`batch_ms`, `waited_ms`); in-process on the same GPU, for
    the served models and each variant that changes the handler, the host synchronisations of
    one batch (torch.cuda's sync debug mode), a torch.profiler trace of it (Chrome trace JSON in
    the work directory, for what happens inside torchvision and nvJPEG) and the handler's own
@@ -214,10 +216,11 @@ def answer_check(store: Path, work: Path, device: torch.device,
 
 def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.device,
                settings: GpuLabSettings) -> dict[str, Any]:
-    """The classifier's model alone (as loaded, and with half weights where the archive runs
-    fp16 or bf16 on CUDA: what its workers run) and plain pipeline; the batched JPEG decode
-    alone, by torchvision and by nvImageCodec where it is installed; the detector's plain
-    pipeline and its network alone (backbone and head)."""
+    """The classifier's model alone (as loaded; with half weights where the archive runs fp16 or
+    bf16 on CUDA; and that with its batch norms folded, as its workers run it) and plain
+    pipeline; the batched JPEG decode alone, by torchvision and by nvImageCodec where it is
+    installed; the CPU-exact resize alone, both ways; the detector's plain pipeline and its
+    network alone (backbone and head)."""
     from handlers.model.model_loading import load_model
     from handlers.model.settings import parse_detector_settings
     from torchserve_vision.local_handler import archive_context
@@ -420,6 +423,15 @@ def lever_variants(descriptions: Sequence[ModelDescription],
             and (overrides.get("jpeg_decoder") != "nvimgcodec" or nvimgcodec_decoder.available())]
 
 
+def handler_variants(descriptions: Sequence[ModelDescription],
+                     chosen: Sequence[str] | None = None) -> list[ModelDescription]:
+    """The variants of `lever_variants` that change their model's handler settings (not only its
+    serving settings): those whose batch `syncs` measures in-process."""
+    by_name = {description.name: description for description in descriptions}
+    return [variant for model, variant in lever_variants(descriptions, chosen)
+            if variant.handler_options != by_name[model].handler_options]
+
+
 def served_variants(client: TorchServeClient, store: Path, jpegs: Sequence[bytes], work: Path,
                     settings: GpuLabSettings, descriptions: Sequence[ModelDescription],
                     log: Path) -> dict[str, Any]:
@@ -459,9 +471,7 @@ def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], devi
     traces = work / "traces"
     traces.mkdir(parents=True, exist_ok=True)
     served = [description for description in descriptions if description.start]
-    by_name = {description.name: description for description in descriptions}
-    candidates = [*served, *(variant for model, variant in lever_variants(descriptions, chosen)
-                             if variant.handler_options != by_name[model].handler_options)]
+    candidates = [*served, *handler_variants(descriptions, chosen)]
     results: dict[str, Any] = {}
     for description in candidates:
         handler = load_handler(extract_archive(built(description, store), work / "syncs" / description.name),
@@ -523,7 +533,7 @@ def planned_s(settings: GpuLabSettings, descriptions: Sequence[ModelDescription]
         plan += (load_s + VARIANT_OVERHEAD_S) * len(settings.echo_workers)
     if "syncs" in wanted:
         served = [description for description in descriptions if description.start]
-        plan += SYNCS_PER_MODEL_S * (len(lever_variants(descriptions, settings.levers)) + len(served))
+        plan += SYNCS_PER_MODEL_S * (len(handler_variants(descriptions, settings.levers)) + len(served))
     if "load_generator" in wanted:
         plan += load_s
     return plan

@@ -72,7 +72,7 @@ LOAD_LOOPS = 4
 CAT_LABELS = ("tabby", "tiger cat", "Egyptian cat")
 PHOTO = "chelsea.png"
 DETECTOR_PHOTO = "astronaut.png"
-CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssdlite320"
+CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssd_mobilenet_v2"
 WORKDIR = "/srv/torchserve-vision"   # the image's WORKDIR
 # pip options the build may use, and where a value names a file or folder of this host that the
 # build cannot see.

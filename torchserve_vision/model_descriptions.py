@@ -18,8 +18,8 @@ from torchserve_vision.errors import CommandError
 from torchserve_vision.model_kinds import KINDS, ModelKind, UnknownKind, kind_of
 
 # The weights file of an archive, by `model.source`.
-SERIALIZED_NAMES = {"timm": "model.pt", "torchvision": "model.pt", "torchscript": "model.ts.pt",
-                    "export": "model.pt2"}
+SERIALIZED_NAMES = {"timm": "model.pt", "torchvision": "model.pt", "project": "model.pt",
+                    "torchscript": "model.ts.pt", "export": "model.pt2"}
 
 
 class DescriptionError(CommandError, ValueError):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from handlers.model.settings import HandlerSettings, ModelSource
+from handlers.model.settings import STATE_DICT_SOURCES, HandlerSettings, ModelSource
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def is_torchvision_detector(architecture: str) -> bool:
 
 
 def create_architecture(source: ModelSource) -> nn.Module:
-    """An untrained timm or torchvision network of the named architecture."""
+    """An untrained timm, torchvision or project network of the named architecture."""
     if source.architecture is None:
         raise ValueError(f"source '{source.source}' needs an architecture name")
     kwargs: dict[str, Any] = dict(source.builder_kwargs)
@@ -47,6 +47,10 @@ def create_architecture(source: ModelSource) -> nn.Module:
         if is_torchvision_detector(source.architecture):
             kwargs["weights_backbone"] = None  # the builder's default would download ImageNet weights
         return torchvision.models.get_model(source.architecture, weights=None, **kwargs)
+    if source.source == "project":
+        from handlers.model.project_architectures import create_project_architecture
+
+        return create_project_architecture(source.architecture, **kwargs)
     raise ValueError(f"source '{source.source}' has no architecture to create")
 
 
@@ -84,10 +88,10 @@ def built_from_state_dict(source: ModelSource, state_dict: dict[str, torch.Tenso
 def load_model(source: ModelSource, weights_path: Path, device: torch.device) -> nn.Module:
     """Load the archive's network in eval mode on `device`.
 
-    timm / torchvision: architecture by name plus a state dict; torchscript: `torch.jit.save`
+    timm / torchvision / project: architecture by name plus a state dict; torchscript: `torch.jit.save`
     output; export: `torch.export.save` output (an ExportedProgram, run via `.module()`).
     """
-    if source.source in ("timm", "torchvision"):
+    if source.source in STATE_DICT_SOURCES:
         model = load_state_dict_model(source, weights_path)
     elif source.source == "torchscript":
         model = torch.jit.load(str(weights_path), map_location="cpu")

@@ -20,7 +20,10 @@ from handlers.model.runner_selection import ArchiveRunners, EngineModel
 from handlers.request import nvimgcodec_decoder
 from handlers.request.jpeg_batches import JpegDecoder
 
-ModelSourceKind = Literal["timm", "torchvision", "torchscript", "export"]
+ModelSourceKind = Literal["timm", "torchvision", "project", "torchscript", "export"]
+# Sources named by an architecture and a state dict (`project`: an architecture defined in this
+# project, handlers.model.project_architectures); the others are whole programs.
+STATE_DICT_SOURCES = ("timm", "torchvision", "project")
 DetectionOutput = Literal["torchvision", "yolo"]
 # An SSD-family detector's postprocess: `batched` (handlers.task.ssd_postprocess: the batch at once,
 # a fixed number of synchronisations), `per-image` (torchvision's own loop), `auto` (batched on a
@@ -142,7 +145,7 @@ def _choice(value: Any, name: str, kind: object) -> Any:
 def parse_model_source(section: Mapping[str, Any]) -> ModelSource:
     source = _choice(_require(section, "source", "model"), "model.source", ModelSourceKind)
     architecture = section.get("architecture")
-    if source in ("timm", "torchvision") and not architecture:
+    if source in STATE_DICT_SOURCES and not architecture:
         raise SettingsError(f"'model.architecture' is required for source '{source}'")
     num_classes = section.get("num_classes")
     if num_classes is not None:

@@ -12,7 +12,7 @@ region stage between backbone and head; they serve eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.transforms.v2 import functional as F
 
 from handlers.model.answer_agreement import probability_bound
+from handlers.task.ssd_postprocess import ScoreActivation, class_scores
 
 SSD_OUTPUT_NAMES = ("bbox_regression", "cls_logits")
 # `float[B, 3, S, S]` normalized batch -> (box regression `float[B, A, 4]`, class logits
@@ -77,10 +78,13 @@ def ssd_input_batch(network: Any, images: Sequence[torch.Tensor], device: torch.
     """uint8 `[3, H_i, W_i]` images -> the network's normalized `float[B, 3, S, S]` batch, as its
     transform makes it from the float images (`transformed_batch`), bit for bit, with one
     normalization and one resize per distinct size instead of one per image (its transform
-    normalizes, then resizes to the fixed size, bilinear, without antialiasing)."""
+    normalizes, then resizes to the fixed size: torchvision's bilinear without antialiasing, or
+    the transform's own `resize_batch`)."""
     height, width = ssd_input_size_hw(network)
     mean, std = ssd_normalization(tuple(network.transform.image_mean), tuple(network.transform.image_std),
                                   device)
+    resize_batch = getattr(network.transform, "resize_batch", None) or partial(
+        nn.functional.interpolate, size=[height, width], mode="bilinear", align_corners=False)
     by_size: dict[tuple[int, int], list[int]] = {}
     for index, image in enumerate(images):
         by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
@@ -88,8 +92,7 @@ def ssd_input_batch(network: Any, images: Sequence[torch.Tensor], device: torch.
     for indices in by_size.values():
         same_size = torch.stack([images[index].to(device, non_blocking=True) for index in indices])
         scaled = F.to_dtype(same_size, torch.float32, scale=True)
-        parts.append((indices, nn.functional.interpolate((scaled - mean) / std, size=[height, width],
-                                                         mode="bilinear", align_corners=False)))
+        parts.append((indices, resize_batch((scaled - mean) / std)))
     if len(parts) == 1:
         return parts[0][1]
     batch = torch.empty((len(images), 3, height, width), dtype=torch.float32, device=device)
@@ -136,18 +139,21 @@ class SsdEngineDetector:
 
 
 def head_output_disagreement(got: Sequence[torch.Tensor], expected: HeadOutputs,
-                             anchors_xyxy: torch.Tensor, box_coder: Any, bound: float) -> str | None:
+                             anchors_xyxy: torch.Tensor, box_coder: Any, bound: float,
+                             activation: ScoreActivation = "softmax") -> str | None:
     """Why an engine's head outputs for a batch are not the eager fp32 network's `expected` ones
     computed with rounding of at most `bound` (answer_agreement.probability_bound), or None.
 
-    Every anchor's class scores (softmax of its logits: the scores a detection is given) move
+    Every anchor's class scores (the scores a detection is given: the softmax of its logits, or
+    their sigmoids for a network whose `score_activation` says so) move
     by at most `bound`, and its decoded box's sides by at most `bound` of the anchor's own
     width or height. Compared per anchor, before the score threshold and NMS, where a tiny
     rounding difference can change which of two near-equal boxes is kept."""
     if len(got) != 2 or any(g.shape != e.shape for g, e in zip(got, expected, strict=False)):
         return f"output shapes {[tuple(g.shape) for g in got]}, eager {[tuple(e.shape) for e in expected]}"
     (regression, logits), (expected_regression, expected_logits) = got, expected
-    score_shift = (logits.float().softmax(-1) - expected_logits.float().softmax(-1)).abs().amax()
+    score_shift = (class_scores(logits.float(), activation)
+                   - class_scores(expected_logits.float(), activation)).abs().amax()
     if not score_shift <= bound:
         return f"a class score moved by {float(score_shift):.3g} (+-{bound:g})"
     anchor_wh = (anchors_xyxy[:, 2:] - anchors_xyxy[:, :2]).repeat(1, 2)
@@ -171,4 +177,5 @@ def check_head_outputs(engine: BackboneHeadRunner, network: Any, probe: torch.Te
         expected = SsdBackboneHead(network)(batch)
         got = engine(batch)
     return head_output_disagreement(got, expected, image_anchors_xyxy(network), network.box_coder,
-                                    probability_bound(*precisions))
+                                    probability_bound(*precisions),
+                                    getattr(network, "score_activation", "softmax"))

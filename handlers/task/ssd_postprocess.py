@@ -16,6 +16,10 @@ count (the IoU matrices' side) with the number of pairs that have one, once
 per `CONVERGENCE_CHECK_EVERY` NMS rounds (one check where NMS settles within that many rounds,
 as on every photo measured), and for the answers' one copy.
 
+An SSD whose class scores are sigmoids (TensorFlow's SSDs: handlers.model.tf_ssd_mobilenet, whose
+own per-image postprocess this matches in the same way) gets sigmoid scores, and its candidates
+whose clipped box has no area are dropped before NMS, as that network's postprocess does.
+
 Arithmetic as torchvision's, operation for operation: softmax; `BoxCoder.decode_single`; clip to
 the network's input; IoU as torchvision's CPU NMS kernel computes it (float32 intersection and
 areas, compared with the threshold in double), on the coordinates its `batched_nms` uses: shifted
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torchvision.ops import clip_boxes_to_image
@@ -45,20 +49,36 @@ COORDINATE_TRICK_BOXES = {"cpu": 1000, "cuda": 25000}
 IOU_CHUNK_ELEMENTS = 1 << 25       # IoU entries computed at once (128 MiB of float32)
 
 
+ScoreActivation = Literal["softmax", "sigmoid"]
+
+
 @dataclass(frozen=True)
 class SsdPostprocessSettings:
     """What torchvision's SSD postprocess reads of the network (`score_thresh` is per batch:
-    the lowest a request of the batch asks for, handlers.task.detection.candidate_score_threshold)."""
+    the lowest a request of the batch asks for, handlers.task.detection.candidate_score_threshold),
+    and how its scores are made: softmax over the classes (torchvision's SSDs), or each class's
+    sigmoid with empty boxes dropped (a network whose `score_activation` says "sigmoid")."""
 
     topk_candidates: int
     nms_threshold: float
     detections_per_image: int
     box_coder: Any                   # torchvision's BoxCoder of the network
+    score_activation: ScoreActivation = "softmax"
 
     @classmethod
     def of(cls, network: Any) -> SsdPostprocessSettings:
         return cls(int(network.topk_candidates), float(network.nms_thresh),
-                   int(network.detections_per_img), network.box_coder)
+                   int(network.detections_per_img), network.box_coder,
+                   getattr(network, "score_activation", "softmax"))
+
+    @property
+    def drops_empty_boxes(self) -> bool:
+        return self.score_activation == "sigmoid"
+
+
+def class_scores(logits: torch.Tensor, activation: ScoreActivation) -> torch.Tensor:
+    """Class logits `float[..., C]` -> the scores a detection is given."""
+    return torch.sigmoid(logits) if activation == "sigmoid" else torch.softmax(logits, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -92,7 +112,10 @@ def batched_ssd_detections(regression: torch.Tensor, logits: torch.Tensor, ancho
     under its request, in its original size. `score_threshold`: the candidates' (the network's
     `score_thresh` for this batch)."""
     boxes, scores = decoded_candidates(regression, logits, anchors_xyxy, input_size_hw, settings)
-    order, top_scores, valid, present = top_candidates(scores, score_threshold, settings.topk_candidates)
+    has_area = ((boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+                if settings.drops_empty_boxes else None)
+    order, top_scores, valid, present = top_candidates(scores, score_threshold, settings.topk_candidates,
+                                                       has_area)
     top_boxes = torch.gather(boxes.unsqueeze(1).expand(-1, order.shape[1], -1, -1), 2,
                              order.unsqueeze(-1).expand(-1, -1, -1, 4))
     kept = suppressed_by_class(top_boxes, valid, settings.nms_threshold,
@@ -108,31 +131,35 @@ def decoded_candidates(regression: torch.Tensor, logits: torch.Tensor, anchors_x
     """Boxes `float[B, A, 4]` decoded and clipped to the input, and class scores `float[B, A, C]`,
     each as `postprocess_detections` computes them for one image."""
     batch, anchors = regression.shape[:2]
-    scores = torch.softmax(logits, dim=-1)
+    scores = class_scores(logits, settings.score_activation)
     decoded = settings.box_coder.decode_single(regression.reshape(batch * anchors, 4),
                                                anchors_xyxy.repeat(batch, 1))
     return clip_boxes_to_image(decoded.reshape(batch, anchors, 4), input_size_hw), scores
 
 
-def top_candidates(scores: torch.Tensor, score_threshold: float,
-                   topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def top_candidates(scores: torch.Tensor, score_threshold: float, topk: int,
+                   has_area: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Per image and class (the background, class 0, left out): the anchors of the `topk` best
     scores above `score_threshold`, best first (ties by anchor index): anchor indices
     `int64[B, C - 1, k]`, their scores `float[B, C - 1, k]`, `valid` `bool[B, C - 1, k]`
     (false past a class's candidates), and how many (image, class) pairs have a candidate. k is
     `topk`, or fewer when every class has fewer candidates (one synchronisation: the longest
-    class's count and the pairs read together)."""
-    class_scores = scores[:, :, 1:].transpose(1, 2)
-    passing = class_scores > score_threshold
+    class's count and the pairs read together). `has_area` `bool[B, A]`: only these anchors are
+    candidates (None: all)."""
+    by_class = scores[:, :, 1:].transpose(1, 2)
+    passing = by_class > score_threshold
+    if has_area is not None:
+        passing &= has_area.unsqueeze(1)
     longest, present = 0, 0
     if passing.numel():
         counts = passing.sum(dim=-1)
         longest, present = (int(value) for value in torch.stack([counts.max(), (counts > 0).sum()]).tolist())
     k = max(1, min(topk, longest))
-    ranked = class_scores.masked_fill(~passing, float("-inf"))
+    ranked = by_class.masked_fill(~passing, float("-inf"))
     top_scores, order = torch.sort(ranked, dim=-1, descending=True, stable=True)
     top_scores, order = top_scores[..., :k], order[..., :k]
-    return order, top_scores, top_scores > score_threshold, present
+    return order, top_scores, top_scores > float("-inf"), present
 
 
 def suppressed_by_class(boxes: torch.Tensor, valid: torch.Tensor, iou_threshold: float,

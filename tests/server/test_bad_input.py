@@ -117,7 +117,7 @@ def test_an_upload_over_max_request_size_gets_413_not_a_dropped_connection(serve
 def test_registration_from_outside_the_model_store_is_refused(server, model_store, tmp_path):
     look_alike = tmp_path / "model_store"   # a folder of the same name elsewhere on disk
     look_alike.mkdir()
-    shutil.copy(model_store / "ssdlite320-1.0.mar", look_alike / "elsewhere.mar")
+    shutil.copy(model_store / "ssd_mobilenet_v2-1.0.mar", look_alike / "elsewhere.mar")
     for outside in ("file:///etc/passwd", "file:///tmp/elsewhere/model.mar",
                     "http://127.0.0.1:9/model.mar", f"file://{look_alike}/elsewhere.mar"):
         answer = requests.post(f"{server.management_url}/models", params={"url": outside}, timeout=30)
@@ -131,7 +131,7 @@ def test_a_file_url_inside_the_model_store_passes_the_url_check(server, model_st
     answers (500, TorchServe 0.12's status for it) that the file exists, which shows the URL
     passed `allowed_urls` (a refused URL gets 404 "does not match any allowed URL")."""
     answer = requests.post(f"{server.management_url}/models", timeout=60, params={
-        "url": f"file://{model_store}/ssdlite320-1.0.mar", "initial_workers": "0"})
+        "url": f"file://{model_store}/ssd_mobilenet_v2-1.0.mar", "initial_workers": "0"})
     assert "Model file already exists" in answer.json()["message"], answer.text
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.server
 
 
 def url(server: TorchServeInstance) -> str:
-    return f"{server.inference_url}/predictions/ssdlite320"
+    return f"{server.inference_url}/predictions/ssd_mobilenet_v2"
 
 
 def resized(name: str, scale: float) -> bytes:

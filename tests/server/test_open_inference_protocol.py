@@ -17,7 +17,7 @@ from tests.server.http_client import Reply, concurrently, post_image, session
 from torchserve_vision.server_process import TorchServeInstance
 
 pytestmark = pytest.mark.server
-CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssdlite320"
+CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssd_mobilenet_v2"
 PHOTOS = ["chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"]
 
 

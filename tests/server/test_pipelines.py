@@ -127,7 +127,7 @@ def test_detect_then_classify_adds_a_classification_to_the_detectors_boxes(pipel
     assert replies[-1].status_code == 400
     for name, reply in zip(PHOTOS, replies[:-1], strict=True):
         assert reply.status_code == 200
-        detector = post(server, "ssdlite320", photo_bytes(name), score_threshold=0.05).json()
+        detector = post(server, "ssd_mobilenet_v2", photo_bytes(name), score_threshold=0.05).json()
         answer = reply.json()
         assert_same_detections(answer, rows_from_answer(detector))
         classified = [d["classification"] for d in answer if d["classification"] is not None]

@@ -27,7 +27,7 @@ from torchserve_vision.paths import MODEL_DESCRIPTIONS
 from torchserve_vision.server_process import TorchServeInstance
 
 pytestmark = pytest.mark.server
-CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssdlite320"
+CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssd_mobilenet_v2"
 # A mix of sizes and formats: a 600x400 PNG, a JPEG, a 12 MP phone JPEG, a 720x720 JPEG.
 MIX = ("coffee.png", "rocket.jpg", "phone", "small")
 

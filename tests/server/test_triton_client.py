@@ -17,7 +17,7 @@ from tests.images import CAT_LABELS, photo_bytes
 from torchserve_vision.server_process import TorchServeInstance
 
 pytestmark = pytest.mark.server
-CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssdlite320"
+CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssd_mobilenet_v2"
 
 
 def client_of(server: TorchServeInstance) -> triton.InferenceServerClient:

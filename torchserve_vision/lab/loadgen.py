@@ -17,7 +17,6 @@ client counts (no coordinated omission). Runs are bounded by --duration and --ma
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import queue
 import socket
@@ -27,14 +26,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse
 
 import numpy as np
 
+from torchserve_vision.http_connection import KeepAliveConnection
+
 PERCENTILES = (50, 90, 95, 99)
-# The header naming the version that answered (handlers.torchserve_context.MODEL_VERSION_HEADER,
-# not imported from there: the load generator runs without torch).
-MODEL_VERSION_HEADER = "X-Model-Version"
 
 
 @dataclass(frozen=True)
@@ -104,44 +101,6 @@ def summarize(mode: str, results: Sequence[Result], duration_s: float,
                   latency_ms=latency_summary(ok), offered_rps=offered_rps)
 
 
-class Connection:
-    """One keep-alive HTTP connection; reconnects after an error."""
-
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]) -> None:
-        parsed = urlparse(url)
-        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
-        self.path = parsed.path or "/"
-        self.timeout_s = timeout_s
-        self.headers = headers
-        self.connection: http.client.HTTPConnection | None = None
-        self.last_body = b""   # the body of the last answer (b"" after a connection error)
-        self.last_version = ""  # the last answer's X-Model-Version ("" without one)
-
-    def post(self, body: bytes) -> int:
-        try:
-            if self.connection is None:
-                self.connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
-                self.connection.connect()
-                assert self.connection.sock is not None
-                self.connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.connection.request("POST", self.path, body=body, headers=self.headers)
-            answer = self.connection.getresponse()
-            self.last_body = answer.read()
-            self.last_version = answer.getheader(MODEL_VERSION_HEADER, "")
-            if answer.getheader("connection", "").lower() == "close":
-                self.close()
-            return answer.status
-        except (OSError, http.client.HTTPException):
-            self.close()
-            self.last_body, self.last_version = b"", ""
-            return 0
-
-    def close(self) -> None:
-        if self.connection is not None:
-            self.connection.close()
-        self.connection = None
-
-
 @dataclass
 class LoadTarget:
     url: str
@@ -151,8 +110,8 @@ class LoadTarget:
     # When set (closed loop), the last successful answer's body per index of `bodies`.
     answers: dict[int, bytes] | None = None
 
-    def connection(self) -> Connection:
-        return Connection(self.url, self.timeout_s, self.headers)
+    def connection(self) -> KeepAliveConnection:
+        return KeepAliveConnection(self.url, self.timeout_s, self.headers)
 
 
 Progress = Callable[[int], None]

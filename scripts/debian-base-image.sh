@@ -6,7 +6,8 @@
 #
 #   bash scripts/debian-base-image.sh [NAME]      (default localhost/debian-python:3.11-bookworm)
 #
-# Needs root (debootstrap), debootstrap and podman (installed with apt when missing) and about
+# Needs root (debootstrap), debootstrap and Podman with runc and catatonit (installed with apt
+# when missing: scripts/podman-packages.sh) and about
 # 300 MB; takes a minute or two. DEBIAN_MIRROR overrides the mirror (default deb.debian.org).
 # An image that exists under NAME is reused.
 set -euo pipefail
@@ -17,15 +18,14 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "debian-base-image: debootstrap needs root" >&2
   exit 1
 fi
-missing=()
-for program in debootstrap podman; do
-  command -v "$program" >/dev/null 2>&1 || missing+=("$program")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "debian-base-image: installing ${missing[*]} with apt" >&2
+# shellcheck source=scripts/podman-packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/podman-packages.sh"
+if ! command -v debootstrap >/dev/null 2>&1; then
+  echo "debian-base-image: installing debootstrap with apt" >&2
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 fi
+install_podman_packages debian-base-image
 
 digest_of() {
   podman image inspect --format '{{.Digest}}' "$1"

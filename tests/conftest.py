@@ -63,6 +63,7 @@ SHARED_SERVER_MODULES = frozenset({
     "tests/server/test_bad_input.py", "tests/server/test_canary.py",
     "tests/server/test_classification_server.py", "tests/server/test_detection_server.py",
     "tests/server/test_open_inference_protocol.py", "tests/server/test_pipelines.py",
+    "tests/server/test_predict_command.py",
     "tests/server/test_readme_examples.py", "tests/server/test_response_cache.py",
     "tests/server/test_several_images.py", "tests/server/test_startup.py",
     "tests/server/test_torchserve_grpc.py", "tests/server/test_triton_client.py"})

@@ -52,6 +52,12 @@ class ServingSettings:
     archive's YAML carries it as TorchServe's `clientTimeoutInMills`, which only the frontend
     agent's queued batching answers (TorchServe's own batching drops such a request without an
     answer): so it needs `batching: queued`.
+
+    `job_queue_size`: requests this version queues before it answers 503 (0: the server's
+    `job_queue_size`). Carried in the archive's YAML as TorchServe's `jobQueueSize`, which
+    TorchServe honours per model version (the register call cannot set it): a change is a new
+    archive or a new version of the same one (`models rollout --same-archive --job-queue-size N`).
+    Size it as the version's capacity x the queueing delay accepted (docs/robustness.md).
     """
 
     batch_size: int = 8
@@ -62,8 +68,13 @@ class ServingSettings:
     startup_timeout_s: int = 120    # TorchServe kills a worker that takes longer to load
     batching: str = QUEUED
     deadline_ms: int = 0
+    job_queue_size: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.job_queue_size, int) or isinstance(self.job_queue_size, bool) \
+                or self.job_queue_size < 0:
+            raise DescriptionError(f"serving.job_queue_size {self.job_queue_size!r}: a whole number of "
+                                   "requests, 0 for the server's job_queue_size")
         if self.batching not in BATCHING_POLICIES:
             raise DescriptionError(f"serving.batching {self.batching!r}: use "
                                    f"{' or '.join(BATCHING_POLICIES)}")
@@ -82,7 +93,8 @@ class ServingSettings:
         """The settings of a version as TorchServe's `describe` reports them (with queued
         batching, any delay reads as QUEUED_FALLBACK_DELAY_MS: a server started from an older
         config.properties reports 100 ms for the 0 it gave). A deadline is read only where
-        queued batching answers it."""
+        queued batching answers it. The queue's size is left at 0: the version's own, if any,
+        stays in its archive."""
         queued = bool(description.get("continuousBatching"))
         return cls(description["batchSize"], description["maxBatchDelay"],
                    description["minWorkers"], description["maxWorkers"],

@@ -35,7 +35,7 @@ IMAGES = {
     "chelsea_portrait": encode(Image.open(io.BytesIO(photo_bytes("chelsea.png"))).rotate(90, expand=True),
                                "PNG"),
 }
-LOW = {"X-Score-Threshold": "0.05", "X-Max-Detections": "300"}  # enough detections to compare
+LOW = {"X-Score-Threshold": "0.05", "X-Max-Detections": "100"}  # enough detections to compare
 
 
 def detect(server: TorchServeInstance, image: bytes,

@@ -96,3 +96,28 @@ def test_a_refused_request_fails_alone_among_concurrent_answers(predict):
     results = concurrently([asking(body) for body in bodies], len(bodies))
     assert results.pop(3) == grpc.StatusCode.INVALID_ARGUMENT
     assert all(isinstance(answer, list) and answer[0]["label"] in CAT_LABELS for answer in results)
+
+
+def test_a_full_queue_is_unavailable_with_the_queues_message(server, stubs):
+    """With the frontend agent, a request that finds the queue full is refused by the agent's
+    queue before TorchServe's own handler answers it (INTERNAL, "has no worker"): UNAVAILABLE,
+    saying the queue is full."""
+    from tests.server.load import ContinuousLoad
+
+    messages, services = stubs
+    port = read_properties(server.effective_config)["grpc_inference_port"]
+    detector = "ssd_mobilenet_v2"
+    with ContinuousLoad(f"{server.inference_url}/predictions/{detector}", photo_bytes("coffee.png"),
+                        clients=24), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        client = services.InferenceAPIsServiceStub(channel)
+        refused = None
+        for _ in range(40):
+            try:
+                client.Predictions(messages.PredictionsRequest(
+                    model_name=detector, input={"data": photo_bytes("coffee.png")}), timeout=60)
+            except grpc.RpcError as error:
+                refused = error
+                if "has a full queue" in (error.details() or ""):
+                    break
+        assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
+        assert f'Model "{detector}" version 1.0 has a full queue' in (refused.details() or "")

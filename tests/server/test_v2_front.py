@@ -6,7 +6,10 @@ metadata, and inference, with token authorization on (the production config)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import re
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +19,17 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.images import CAT_LABELS, photo_bytes
+from tests.images import CAT_LABELS, photo_bytes, slow_png
 from tests.server.http_client import concurrently
+from tests.server.load import ContinuousLoad
 from tests.server.test_triton_client import image_input, labels
 from torchserve_vision import paths
 from torchserve_vision.lab.pods import Pod
+from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.prometheus_text import scrape, total
+from torchserve_vision.server_state import ready_workers
 from torchserve_vision.torchserve_config import free_ports, server_config
+from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
 CLASSIFIER, DETECTOR = "efficientnet_lite0", "ssd_mobilenet_v2"
@@ -257,3 +264,93 @@ def test_grpc_refusals_are_statuses_with_the_handlers_reason(grpc_client, grpc_k
     status, message = answers.pop(3)
     assert status == "StatusCode.INVALID_ARGUMENT" and "text" in message
     assert all(answer[0][0] in CAT_LABELS for answer in answers)
+
+
+FULL_QUEUE = re.compile(rf'Model "{DETECTOR}" version 1\.0 has a full queue: (\d+) requests are waiting')
+Answer = tuple[int, str, str | None]      # status, message, Retry-After
+
+
+def detector_queue_size() -> int:
+    (detector,) = [d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == DETECTOR]
+    return detector.serving.job_queue_size
+
+
+def refused_while_full(send: Callable[[], Answer], attempts: int = 40) -> tuple[str, str | None]:
+    """Send until the answer is the full queue's refusal (a request may slip into a place a
+    batch just freed): its message and Retry-After."""
+    for _ in range(attempts):
+        status, message, retry_after = send()
+        if status == 503 and FULL_QUEUE.search(message):
+            return message, retry_after
+    raise AssertionError(f"no full-queue refusal in {attempts} requests; the last: {status} {message}")
+
+
+def test_a_full_queue_says_so_with_retry_after_to_every_client(fronted_pod, client, key, grpc_client,
+                                                               grpc_key):
+    """The detector's queue kept full (its own size: serving.job_queue_size) by 16 clients sending
+    a slow PNG straight to TorchServe, then requests of each client through the front: a
+    refusal names the model, its version and the queue's size, with a Retry-After in seconds;
+    the gRPC front's is UNAVAILABLE with the same message. Each refusal is counted."""
+    url = f"http://{front_url(fronted_pod)}/predictions/{DETECTOR}"
+    photo = photo_bytes("coffee.png")
+    metrics = fronted_pod.instance.metrics_url
+    refused_before = total(scrape(metrics), "ts_requests_refused_queue_full_total", model_name=DETECTOR)
+
+    def rest() -> Answer:
+        answer = requests.post(url, data=photo, headers={**key, "Content-Type": "image/png"}, timeout=60)
+        message = answer.json().get("message", "") if answer.status_code != 200 else ""
+        return answer.status_code, message, answer.headers.get("Retry-After")
+
+    def v2_http() -> Answer:
+        try:
+            client.infer(DETECTOR, [image_input(photo)], headers=key)
+        except InferenceServerException as error:
+            return int(error.status() or 0), error.message() or "", None
+        return 200, "", None
+
+    def v2_grpc() -> Answer:
+        try:
+            grpc_client.infer(DETECTOR, [grpc_image(photo)], headers=grpc_key)
+        except InferenceServerException as error:
+            return (503 if error.status() == "StatusCode.UNAVAILABLE" else 0), error.message() or "", None
+        return 200, "", None
+
+    def curl() -> Answer:
+        done = subprocess.run(["curl", "-s", "-i", "-H", f"Authorization: {key['Authorization']}",
+                               "-H", "Content-Type: image/png", "--data-binary", "@-", url],
+                              input=photo, capture_output=True, check=True, timeout=60)
+        head, _, body = done.stdout.decode().partition("\r\n\r\n")
+        status = int(head.split()[1])
+        retry = re.search(r"^Retry-After: (\d+)", head, re.M | re.I)
+        message = json.loads(body).get("message", "") if status != 200 else ""
+        return status, message, retry.group(1) if retry else None
+
+    filling = f"{fronted_pod.instance.inference_url}/predictions/{DETECTOR}"
+    with ContinuousLoad(filling, slow_png(), clients=16, headers=lambda: key, pause_s=0.05):
+        message, retry_after = refused_while_full(rest)
+        assert retry_after is not None and int(retry_after) >= 1
+        found = FULL_QUEUE.search(message)
+        assert found is not None and int(found.group(1)) == detector_queue_size() > 0
+        assert f"retry after {retry_after} s" in message
+        for send in (v2_http, v2_grpc):
+            assert FULL_QUEUE.search(refused_while_full(send)[0])
+        curled, curl_retry = refused_while_full(curl)
+        assert curl_retry is not None and FULL_QUEUE.search(curled)
+    refused = total(scrape(metrics), "ts_requests_refused_queue_full_total", model_name=DETECTOR)
+    assert refused - refused_before >= 4
+
+
+def test_a_version_with_no_worker_keeps_torchserves_own_message(fronted_pod, key):
+    management = fronted_pod.instance.client()
+    url = f"http://{front_url(fronted_pod)}/predictions/{DETECTOR}"
+    management.scale(DETECTOR, "1.0", 0, 0)
+    try:
+        wait_until(lambda: ready_workers(management.describe(DETECTOR, None)[0]) == 0, 60, "no worker")
+        answer = requests.post(url, data=photo_bytes("coffee.png"), timeout=60,
+                               headers={**key, "Content-Type": "image/png"})
+        message = answer.json()["message"]
+        assert answer.status_code == 503 and "has no worker" in message and not FULL_QUEUE.search(message)
+    finally:
+        management.scale(DETECTOR, "1.0", 1, 1)
+        wait_until(lambda: ready_workers(management.describe(DETECTOR, None)[0]) == 1, 120,
+                   "the detector's worker")

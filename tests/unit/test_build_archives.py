@@ -318,7 +318,7 @@ def test_config_properties_agrees_with_the_model_descriptions():
     assert all(config_in_sync(path, descriptions) for path in paths.SERVER_CONFIGS)
     rendered = parse_properties(render_models_block(descriptions))
     assert rendered["load_models"].split(",") == [d.archive_name for d in descriptions if d.start]
-    assert {"efficientnet_lite0", "ssdlite320"} <= {d.name for d in descriptions if d.start}
+    assert {"efficientnet_lite0", "ssd_mobilenet_v2"} <= {d.name for d in descriptions if d.start}
     assert "efficientnet_cascade" not in json.loads(rendered["models"])  # built, registered on demand
     entry = json.loads(rendered["models"])["efficientnet_lite0"]["1.0"]
     assert entry["batchSize"] == descriptions[0].serving.batch_size

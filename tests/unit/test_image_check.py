@@ -104,3 +104,50 @@ version=1.0 device=cpu runner=eager-fp32 max_batch_size=4 runners={"detector": {
     runners = SCRIPT.served_runners(logs)
     assert runners["efficientnet_lite0"]["classifier"]["file"] == "compiled/model-openvino.xml"
     assert runners["ssdlite320"] == {"detector": {"runner": "eager-fp32"}}
+
+
+def fake_commands(directory: Path, present: set[str], root: bool) -> Path:
+    """A PATH folder with stand-ins: `present` programs that exist, `id` as root or not, and an
+    `apt-get` that records its arguments in `apt.log`."""
+    directory.mkdir()
+    for program in present:
+        (directory / program).write_text("#!/bin/sh\nexit 0\n")
+    (directory / "id").write_text(f"#!/bin/sh\necho {0 if root else 1000}\n")
+    (directory / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {directory}/apt.log\n')
+    for script in directory.iterdir():
+        script.chmod(0o755)
+    return directory
+
+
+def podman_install(directory: Path) -> subprocess.CompletedProcess[str]:
+    command = f'source {SCRIPTS / "podman-packages.sh"} && install_podman_packages test'
+    return subprocess.run(["/bin/bash", "-c", command], capture_output=True, text=True, check=False,
+                          env={"PATH": str(directory), "PODMAN_HELPERS": str(directory / "helpers")})
+
+
+@pytest.mark.parametrize("present", [set(), {"podman"}, {"podman", "runc"}])
+def test_podman_is_installed_with_runc_and_the_pause_binary_whichever_is_missing(tmp_path, present):
+    """catatonit is what `podman kube play` builds its pause image from; apt's
+    --no-install-recommends leaves it out unless named."""
+    fakes = fake_commands(tmp_path / "bin", present, root=True)
+    assert podman_install(fakes).returncode == 0
+    install = (fakes / "apt.log").read_text().splitlines()[-1].split()
+    assert install[:2] == ["install", "-y"]
+    assert {"podman", "runc", "catatonit"} - present <= set(install)
+
+
+def test_nothing_is_installed_when_all_of_it_is_there_and_a_user_is_told_what_to_install(tmp_path):
+    everything = fake_commands(tmp_path / "all", {"podman", "runc", "catatonit"}, root=True)
+    assert podman_install(everything).returncode == 0
+    assert not (everything / "apt.log").exists()
+    user = fake_commands(tmp_path / "user", {"podman"}, root=False)
+    refused = podman_install(user)
+    assert refused.returncode == 1 and "podman runc catatonit" in refused.stderr
+
+
+def test_both_scripts_that_install_podman_use_the_one_package_list():
+    for script in ("debian-base-image.sh", "image-check.sh"):
+        text = (SCRIPTS / script).read_text()
+        assert "podman-packages.sh" in text and "install_podman_packages" in text
+        installs = [line for line in text.splitlines() if "apt-get install" in line]
+        assert all(line.rstrip().endswith("debootstrap >/dev/null") for line in installs), installs

@@ -52,7 +52,8 @@ def network() -> TfSsdMobileNetV2:
 
 def photo_300(name: str) -> np.ndarray:
     """`uint8[300, 300, 3]` RGB: the photo resized by Pillow (any resize: both sides get this array)."""
-    image = Image.open(PHOTOS_DIR / name).convert("RGB").resize((INPUT_SIZE, INPUT_SIZE), Image.BILINEAR)
+    image = Image.open(PHOTOS_DIR / name).convert("RGB")
+    image = image.resize((INPUT_SIZE, INPUT_SIZE), Image.Resampling.BILINEAR)
     return np.array(image)
 
 
@@ -126,7 +127,8 @@ def text_graph_with_graph_nms(directory: Path) -> Path:
     scores > 0.01 and the best 100 of a class before NMS; the graph keeps scores > 0.3 and (up to
     100 of a class) after NMS, which is no limit before it."""
     text = (packaged_graph().parent / TEXT_GRAPH).read_text()
-    text = re.sub(r'(key: "confidence_threshold"\s*value \{\s*f: )[0-9.e-]+', rf"\g<1>{GRAPH_SCORE_THRESHOLD}", text)
+    threshold = r'(key: "confidence_threshold"\s*value \{\s*f: )[0-9.e-]+'
+    text = re.sub(threshold, rf"\g<1>{GRAPH_SCORE_THRESHOLD}", text)
     text = re.sub(r'(key: "top_k"\s*value \{\s*i: )\d+', r"\g<1>-1", text)
     path = directory / TEXT_GRAPH
     path.write_text(text)

@@ -100,12 +100,16 @@ def unwrap_checkpoint(checkpoint: Any) -> dict[str, torch.Tensor]:
 
 
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict file's tensors, those stored in half precision widened to float32 (the
+    archives' networks are float32)."""
     if not path.is_file():
         raise BuildError(f"weights file not found: {path}")
     try:
-        return unwrap_checkpoint(torch.load(path, map_location="cpu", weights_only=True))
+        state = unwrap_checkpoint(torch.load(path, map_location="cpu", weights_only=True))
     except (RuntimeError, OSError, ValueError) as error:
         raise BuildError(f"cannot read weights file {path}: {error}") from None
+    return {key: tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+            for key, tensor in state.items()}
 
 
 def model_source(description: ModelDescription, num_classes: int | None) -> ModelSource:
@@ -353,13 +357,16 @@ def stage_files(description: ModelDescription, staging: Path, target: BuildTarge
 def frontend_settings(description: ModelDescription) -> dict[str, Any]:
     """Top-level keys of the archive's YAML that TorchServe's frontend reads. It takes the
     timeouts from the archive whenever the archive has a YAML (120 s when the YAML omits them),
-    whatever config.properties says; workers and batch settings stay with the register call and
+    whatever config.properties says; the version's own queue size (`jobQueueSize`, over the
+    server's `job_queue_size`) too; workers and batch settings stay with the register call and
     `models=`, which scale and rollouts change; queued batching and its deadline are switched on
     here, for the frontend agent (torchserve_vision/frontend). `handler.continuous_batching` (TorchServe's
     asynchronous worker mode, handlers/continuous_serving.py) is refused: see the message."""
     serving = description.serving
     settings: dict[str, Any] = {"startupTimeout": serving.startup_timeout_s,
                                 "responseTimeout": serving.response_timeout_s}
+    if serving.job_queue_size:
+        settings["jobQueueSize"] = serving.job_queue_size     # this version's queue
     if serving.batching == QUEUED:
         settings["continuousBatching"] = True   # the frontend agent's queued batching
         settings["clientTimeoutInMills"] = serving.deadline_ms   # its deadlines (0: none)

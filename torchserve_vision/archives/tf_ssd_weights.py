@@ -152,3 +152,13 @@ def ssd_mobilenet_v2_coco_state_dict(graph: Path | None = None) -> OrderedDict[s
 def is_weight(name: str) -> bool:
     """A trained tensor of the graph (not a shape or an index constant)."""
     return name.endswith(("weights", "biases", "gamma", "beta", "moving_mean", "moving_variance"))
+
+
+def write_half_precision_weights(target: Path) -> int:
+    """The converted weights with every float tensor in float16 (the form that travels to a GPU
+    host: `lab gpu-weights`), saved to `target`; returns its size in bytes."""
+    state = {key: tensor.half() if tensor.is_floating_point() else tensor
+             for key, tensor in ssd_mobilenet_v2_coco_state_dict().items()}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, target)
+    return target.stat().st_size

@@ -119,7 +119,9 @@ def archive_deadline_ms(path: Path) -> int:
 
 def settings_version(base_version: str, settings: ServingSettings) -> str:
     """`1.0` + batch 16, delay 5 ms -> `1.0-bs16-d5`; queued batching -> `1.0-bs16-q`, with a
-    deadline of 800 ms `1.0-bs16-q-t800` (a previous suffix is replaced)."""
+    deadline of 800 ms `1.0-bs16-q-t800`, with a queue of its own of 24 `1.0-bs16-q-j24` (a
+    previous suffix is replaced)."""
     batching = "q" if settings.batching == QUEUED else f"d{settings.max_batch_delay_ms}"
     deadline = f"-t{settings.deadline_ms}" if settings.deadline_ms else ""
-    return f"{base_version.split('-bs')[0]}-bs{settings.batch_size}-{batching}{deadline}"
+    queue = f"-j{settings.job_queue_size}" if settings.job_queue_size else ""
+    return f"{base_version.split('-bs')[0]}-bs{settings.batch_size}-{batching}{deadline}{queue}"

@@ -23,6 +23,7 @@ from torchserve_vision.errors import LabError
 from torchserve_vision.lab import (
     compile_speed,
     detector_parts,
+    detector_resize,
     engines,
     gpu_lab,
     near_duplicates,
@@ -103,7 +104,7 @@ def run_engines(args: argparse.Namespace) -> int:
 
 # --- detector parts ---------------------------------------------------------------------------
 def detector_parts_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--archive", type=Path, default=paths.MODEL_STORE / "ssdlite320-1.0.mar")
+    parser.add_argument("--archive", type=Path, default=paths.MODEL_STORE / "ssd_mobilenet_v2-1.0.mar")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=5)
@@ -117,6 +118,21 @@ def run_detector_parts(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise LabError(str(error)) from None
     print(json.dumps(figures, indent=2) if args.json else detector_parts.table(figures))
+    return 0
+
+
+# --- detector resize ------------------------------------------------------------------------------
+def detector_resize_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--variants", type=int, default=30, help="seeded variants of the photos")
+    parser.add_argument("--threshold", type=float, default=0.3, help="the score threshold compared at")
+    parser.add_argument("--margin", type=float, default=0.01,
+                        help="detections this close to the threshold count for neither side")
+
+
+def run_detector_resize(args: argparse.Namespace) -> int:
+    shifts = detector_resize.measure(args.variants, args.threshold, args.margin)
+    print(json.dumps(detector_resize.as_json(shifts), indent=2) if args.json
+          else detector_resize.table(shifts))
     return 0
 
 
@@ -139,14 +155,43 @@ def gpu_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detector-batches", type=int, nargs="+", default=list(defaults.detector_batches))
     parser.add_argument("--models", type=Path, default=defaults.models)
     parser.add_argument("--steps", nargs="+", default=list(defaults.steps),
-                        choices=(*gpu_lab.STEPS, *gpu_lab.LEVER_STEPS),
+                        choices=(*gpu_lab.STEPS, *gpu_lab.EXTRA_STEPS, *gpu_lab.LEVER_STEPS),
                         help="measure only these (default: all; the ratios need the first seven, "
                              "syncs, levers and echo_workers measure a GPU batch's levers)")
+    parser.add_argument("--weights", nargs="+", default=[], metavar="MODEL=FILE",
+                        help="build MODEL from this weights file (e.g. ssd_mobilenet_v2=FILE from "
+                             "`lab gpu-weights`, where its package is not installed)")
     parser.add_argument("--echo-workers", type=int, nargs="+", default=list(defaults.echo_workers),
                         help="worker counts of the echo_workers step")
     parser.add_argument("--levers", nargs="+",
                         choices=[f"{model}_{variant}" for model, variant, _ in gpu_lab.LEVERS],
                         help="the archive variants the levers and syncs steps measure (default: all)")
+
+
+def model_weights(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    """MODEL=FILE pairs; LabError for one that is not, or whose file does not exist."""
+    weights = []
+    for pair in pairs:
+        model, _, file = pair.partition("=")
+        if not model or not file:
+            raise LabError(f"--weights takes MODEL=FILE, got {pair!r}")
+        if not Path(file).is_file():
+            raise LabError(f"--weights {model}: no such file {file}")
+        weights.append((model, file))
+    return tuple(weights)
+
+
+def gpu_weights_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", type=Path, help="the weights file to write (.pt)")
+
+
+def run_gpu_weights(args: argparse.Namespace) -> int:
+    from torchserve_vision.archives.tf_ssd_weights import write_half_precision_weights
+
+    size = write_half_precision_weights(args.out)
+    print(f"wrote {args.out} ({size / 2**20:.1f} MiB): build with "
+          f"`lab gpu --weights ssd_mobilenet_v2={args.out.name}`")
+    return 0
 
 
 def run_gpu(args: argparse.Namespace) -> int:
@@ -155,7 +200,7 @@ def run_gpu(args: argparse.Namespace) -> int:
         images=args.images, processes=args.processes, precisions=tuple(args.precisions),
         reference_batches=tuple(args.reference_batches), detector_batches=tuple(args.detector_batches),
         models=args.models, steps=tuple(args.steps), echo_workers=tuple(args.echo_workers),
-        levers=tuple(args.levers) if args.levers else None)
+        levers=tuple(args.levers) if args.levers else None, weights=model_weights(args.weights))
     def keep(record: dict) -> None:
         if args.record:
             args.record.write_text(json.dumps(record, indent=2))

@@ -69,13 +69,23 @@ def rollout_plan(client: TorchServeClient, args: argparse.Namespace, archive: st
         min_workers=low, max_workers=high,
         response_timeout_s=args.response_timeout or base.response_timeout_s,
         startup_timeout_s=args.startup_timeout or base.startup_timeout_s,
-        batching=batching, deadline_ms=planned_deadline_ms(args, archive, batching, base))
+        batching=batching, deadline_ms=planned_deadline_ms(args, archive, batching, base),
+        job_queue_size=args.job_queue_size or 0)   # 0: the copied archive's own, unchanged
     return RolloutPlan(model=args.model, archive=archive, settings=settings,
                        smoke_image=args.smoke_image.read_bytes(),
                        expect_labels=frozenset(args.expect_label or ()),
                        compare_with_current=args.compare_with_current, keep_old=args.keep_old,
                        drain_timeout_s=args.drain_timeout, drain_grace_s=args.drain_grace,
                        workers_timeout_s=args.timeout)
+
+
+def queue_settings(settings: ServingSettings) -> dict[str, object]:
+    """The archive YAML's keys of a version's queue: queued batching, its deadline, its size."""
+    changes: dict[str, object] = {"continuousBatching": settings.batching == QUEUED,
+                                  "clientTimeoutInMills": settings.deadline_ms}
+    if settings.job_queue_size:
+        changes["jobQueueSize"] = settings.job_queue_size
+    return changes
 
 
 def command_rollout(client: TorchServeClient, args: argparse.Namespace) -> None:
@@ -112,16 +122,14 @@ def rollout_locked(client: TorchServeClient, args: argparse.Namespace) -> None:
         version = settings_version(current["modelVersion"], plan.settings)
         archive = (f"{args.model}-{version}.mar" if client.dry_run
                    else archive_with_version(args.model_store, current["modelUrl"], version,
-                                             frontend_changes={
-                                                 "continuousBatching": plan.settings.batching == QUEUED,
-                                                 "clientTimeoutInMills": plan.settings.deadline_ms}))
+                                             frontend_changes=queue_settings(plan.settings)))
         print(f"new batch settings as version {version} ({archive})")
     elif archive is None:
         raise RolloutError("give the new archive, or --same-archive with new batch settings")
-    elif args.batching or args.deadline_ms is not None:
-        raise RolloutError("--batching and --deadline-ms apply to --same-archive: a new archive "
-                           "brings its own (serving.batching, serving.deadline_ms in "
-                           "config/models.yaml)")
+    elif args.batching or args.deadline_ms is not None or args.job_queue_size is not None:
+        raise RolloutError("--batching, --deadline-ms and --job-queue-size apply to --same-archive: "
+                           "a new archive brings its own (serving.batching, serving.deadline_ms, "
+                           "serving.job_queue_size in config/models.yaml)")
     plan = rollout_plan(client, args, archive)
     if client.dry_run and args.same_archive:
         print(f"[dry-run] would copy {plan.archive} and roll it out with {plan.settings}")
@@ -179,7 +187,7 @@ def swap_arguments(parser: argparse.ArgumentParser) -> None:
                              "rollout waits until the batch is answered")
     parser.set_defaults(expect_label=None, compare_with_current=False, keep_old=False,
                         same_archive=False, archive=None, abort=False, batching=None,
-                        deadline_ms=None)
+                        deadline_ms=None, job_queue_size=None)
 
 
 def rollout_arguments(parser: argparse.ArgumentParser) -> None:
@@ -195,6 +203,9 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> None:
                              "that can no longer be answered within this many ms is "
                              "answered 504, never computed (0: none; default: the current "
                              "version's)")
+    parser.add_argument("--job-queue-size", type=int,
+                        help="with --same-archive: requests the new version queues before it answers "
+                             "503 (default: the current archive's, else the server's job_queue_size)")
     parser.add_argument("--expect-label", action="append",
                         help="smoke test passes only with this top label (repeatable)")
     parser.add_argument("--compare-with-current", action="store_true",

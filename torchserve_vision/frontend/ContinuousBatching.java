@@ -68,7 +68,6 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.WeakHashMap;
-import java.util.concurrent.LinkedBlockingDeque;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.locks.ReentrantLock;
@@ -98,6 +97,7 @@ public class ContinuousBatching extends BatchAggregator {
     static final String V2_JSON_LENGTH_HEADER = "Inference-Header-Content-Length";
     static final String EXPIRED_METRIC = "ts_requests_expired_total";
     static final String SHED_METRIC = "ts_requests_shed_for_priority_total";
+    static final String QUEUE_FULL_METRIC = "ts_requests_refused_queue_full_total";
     // How long after the last high-priority request room is still kept for the next.
     static final long PRIORITY_MEMORY_NS = 10_000_000_000L;
     // Far enough ahead that TorchServe's clientExpireTS (now + this) never passes or overflows.
@@ -114,7 +114,7 @@ public class ContinuousBatching extends BatchAggregator {
     private static Gauge inBatch;       // made once per process, by the first worker
 
     private final ReentrantLock modelLock;
-    private final LinkedBlockingDeque<Job> queue;
+    private final RefusingQueue queue;
     private final long modelTimeoutMs;
     private long batchStartNs;          // the running batch's start; 0 when none runs
     private double recentBatchMs;       // moving average of this worker's batch times
@@ -127,11 +127,7 @@ public class ContinuousBatching extends BatchAggregator {
     public ContinuousBatching(Model model) {
         super(model);
         modelLock = (ReentrantLock) privateField(model, "lock");
-        Map<?, ?> jobsDb = (Map<?, ?>) privateField(model, "jobsDb");
-        @SuppressWarnings("unchecked")
-        LinkedBlockingDeque<Job> dataQueue =
-                (LinkedBlockingDeque<Job>) jobsDb.get(Model.DEFAULT_DATA_QUEUE);
-        queue = dataQueue;
+        queue = RefusingQueue.installedIn(model, (Map<?, ?>) privateField(model, "jobsDb"));
         modelTimeoutMs = model.getClientTimeoutInMills();
         Histogram latencies = latencyHistogram();
         if (latencies != null) {    // its series at 0 now: a rate over them counts the first answers
@@ -198,6 +194,7 @@ public class ContinuousBatching extends BatchAggregator {
 
     /** Fills `jobs` from the queue (see pollBatch); answers the requests it refuses. */
     private void gather() {
+        queue.takeReplaced();
         long now = System.nanoTime();
         List<Job> high = new ArrayList<>();
         List<Job> normal = new ArrayList<>();
@@ -510,12 +507,30 @@ public class ContinuousBatching extends BatchAggregator {
     }
 
     private void count(String metric) {
+        countFor(model, metric);
+    }
+
+    private static void countFor(Model model, String metric) {
         IMetric counter = counter(metric);
         if (counter != null) {
             List<String> labels = Arrays.asList(model.getModelName(), model.getVersion(),
                     ConfigManager.getInstance().getHostName());
             counter.addOrUpdate(labels, 1);
         }
+    }
+
+    /** A request that found `model`'s queue full (RefusingQueue): 503 with Retry-After and a
+     * message that says so (TorchServe's would say the model has no worker), counted in
+     * ts_requests_refused_queue_full_total; a gRPC request gets that status's gRPC error
+     * (UNAVAILABLE) with the message. */
+    static void refuseFull(Job job, Model model, int capacity, long retryAfterS) {
+        String message = "Model \"" + model.getModelName() + "\" version " + model.getVersion()
+                + " has a full queue: " + capacity + " requests are waiting (its job queue size:"
+                + " jobQueueSize in the archive's YAML, else job_queue_size); retry after "
+                + retryAfterS + " s";
+        answer(job, SHED_STATUS, "ServiceUnavailableException", message,
+                Map.of("Retry-After", Long.toString(retryAfterS)));
+        countFor(model, QUEUE_FULL_METRIC);
     }
 
     /** The frontend's counter `name`, made once (a Prometheus collector registers its name once
@@ -583,6 +598,7 @@ public class ContinuousBatching extends BatchAggregator {
         if (batchStartNs != 0) {
             double batchMs = (System.nanoTime() - batchStartNs) / 1e6;
             recentBatchMs = recentBatchMs == 0 ? batchMs : 0.7 * recentBatchMs + 0.3 * batchMs;
+            queue.batchTook(batchMs);
             batchStartNs = 0;
         }
         if (message.getCode() == 200 && message.getPredictions() != null) {

@@ -14,7 +14,8 @@ this package from the working directory, which a container image's runtime stage
 
 The jar holds the agent class and, under `replacement/`, the compiled classes it substitutes
 (TorchServe's `ContinuousBatching` and `ServerGroups`, stored under other names, so that only the
-agent can hand them to the JVM).
+agent can hand them to the JVM), and the class they add to TorchServe's package (`RefusingQueue`:
+a full queue's 503 that says so).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ REPLACEMENTS = (  # (TorchServe's class, where the jar stores the agent's substi
     ("org/pytorch/serve/wlm/ContinuousBatching.class", "replacement/ContinuousBatching.class.bin"),
     ("org/pytorch/serve/util/ServerGroups.class", "replacement/ServerGroups.class.bin"),
 )
+# Classes of TorchServe's packages that TorchServe does not have, which the substitutes use: stored
+# as they are (the agent's jar is on the frontend's class path, so its class loader finds them).
+ADDITIONS = ("org/pytorch/serve/wlm/RefusingQueue.class",)
 JAVA_RELEASE = "17"   # TorchServe 0.12's minimum; the runtime may be newer
 
 
@@ -135,6 +139,8 @@ def write_jar(classes: Path, jar: Path) -> None:
             archive.write(item, item.relative_to(classes).as_posix())
         for compiled_name, stored_name in REPLACEMENTS:
             archive.write(classes / compiled_name, stored_name)
+        for compiled_name in ADDITIONS:
+            archive.write(classes / compiled_name, compiled_name)
 
 
 def java_agent_option() -> str:

@@ -9,7 +9,7 @@ backbone and head on the runner it chose: handlers.model.ssd_engine), and the ba
 each engine the archive has a model for (OpenVINO f32, bf16 where native; ONNX Runtime), or
 converted to OpenVINO here for an archive without any.
 
-    torchserve-vision lab detector-parts                  # model_store/ssdlite320-1.0.mar
+    torchserve-vision lab detector-parts                  # model_store/ssd_mobilenet_v2-1.0.mar
     torchserve-vision lab detector-parts --threads 2 --batch-sizes 1 4
 
 ms per call, best of `rounds` x `repeats`, on scikit-image's photos.

@@ -1,8 +1,11 @@
 """`torchserve-vision lab gpu`: what a GPU machine is measured by, in one run, with JSON for the
 record (docs/benchmarks.md, "GPU").
 
-1. Builds config/models-gpu.yaml's archives with `--target gpu` (ResNet-50 fp16 and SSDlite320
-   served; EfficientNet-Lite0 with real weights for the answer check), cache off.
+1. Builds config/models-gpu.yaml's archives with `--target gpu` (ResNet-50 fp16, SSDlite320 and
+   the default detector, SSD MobileNetV2 COCO with real weights, served; EfficientNet-Lite0 with
+   real weights for the answer check), cache off. `--weights ssd_mobilenet_v2=FILE` builds the
+   default detector from the half-precision weights `lab gpu-weights` writes, where its package
+   is not installed (a GPU host).
 2. The answer check: the Lite0 archive on the GPU at fp32, tf32, fp16 and bf16 against the same
    archive at fp32 on this machine's CPU, on the project's photos, their variants and turned
    JPEGs, by the rule of handlers.model.answer_agreement (lab/device_answers.py); at fp32 also
@@ -11,14 +14,14 @@ record (docs/benchmarks.md, "GPU").
    (autocast; half weights; half weights with its batch norms folded, as a worker runs it), the
    batched decode alone (torchvision's, nvImageCodec's), the CPU-exact resize alone (matrix
    products, gathers), its plain pipeline from JPEG bytes to top-5, the detector's plain
-   pipeline and its network alone.
+   pipeline and its network alone, for each detector.
 4. The load generator (several processes: lab/process_load.py) against a trivial responder that
    is not TorchServe: its own ceiling.
 5. A TorchServe from the built archives (workers READY timed from the start), and on it: the echo
    model (no work, queued batching as ours) at the most clients; ours at each load with the
    time per stage from its batch log; TorchServe's built-in `image_classifier` handler on the
    same weights at 1..16 workers (torch threads = cores / workers, batch and delay fixed), the
-   best at the most clients measured at each load; the detector at each load.
+   best at the most clients measured at each load; each detector at each load.
 6. The levers of a GPU batch (`levers`, `syncs`, `echo_workers`): each archive variant of LEVERS
    (`--levers` picks some: the classifier with CUDA graphs, with autocast over float32 weights
    instead of half weights, with its batch norms unfolded, decoding with nvImageCodec, at 2 or 4
@@ -84,10 +87,13 @@ from torchserve_vision.torchserve_config import server_config, write_models_bloc
 
 GPU_MODELS = Path("config/models-gpu.yaml")
 CLASSIFIER, DETECTOR, ANSWERS_MODEL = "resnet50", "ssdlite320", "efficientnet_lite0"
+COCO_DETECTOR = "ssd_mobilenet_v2"          # the project's default detector, real COCO weights
 BUILTIN = "builtin_resnet50"
 GOAL_IMAGES_PER_S = 10_000
 # What one run measures, in order; a run may ask for some of them (the ratios need them all).
 STEPS = ("answers", "in_process", "load_generator", "echo", "classifier", "builtin", "detector")
+# Beside them: the default detector served (its reference figures come with `in_process`).
+EXTRA_STEPS = ("coco_detector",)
 LEVER_STEPS = ("syncs", "levers", "echo_workers")
 # Archive variants of the served models: (model, variant name, handler settings over its own;
 # "serving" overrides the description's serving settings, as absolute values: since 2026-11-28
@@ -136,7 +142,10 @@ class GpuLabSettings:
     reference_batches: tuple[int, ...] = (64, 128, 256)
     detector_batches: tuple[int, ...] = (16, 64)
     models: Path = GPU_MODELS
-    steps: tuple[str, ...] = (*STEPS, *LEVER_STEPS)
+    steps: tuple[str, ...] = (*STEPS, *EXTRA_STEPS, *LEVER_STEPS)
+    # (model, weights file) in place of the descriptions' weights: the default detector's,
+    # carried to a GPU host in half precision (`lab gpu-weights`), where its package is not
+    weights: tuple[tuple[str, str], ...] = ()
     echo_workers: tuple[int, ...] = (2, 4, 8)
     # The variants `levers` and `syncs` measure, by name (`<model>_<variant>`); None: all of LEVERS.
     levers: tuple[str, ...] | None = None
@@ -192,6 +201,13 @@ def summary(report: Report) -> dict[str, Any]:
 
 
 # --- steps -----------------------------------------------------------------------------------------
+def with_weights(descriptions: Sequence[ModelDescription],
+                 weights: dict[str, str]) -> list[ModelDescription]:
+    """`descriptions` with the weights of the models named in `weights` replaced by those files."""
+    return [dataclasses.replace(d, weights=weights[d.name]) if d.name in weights else d
+            for d in descriptions]
+
+
 def build_models(descriptions: Sequence[ModelDescription], store: Path) -> None:
     for description in descriptions:
         say(f"building {description.name} for GPU workers")
@@ -245,15 +261,18 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
                                                    batches[:2], device)}
     if nvimgcodec_decoder.available():
         result["decode_nvimgcodec"] = decode_only(jpegs, batches[:2], device, "nvimgcodec")
-    detector_dir = extract_archive(store / f"{DETECTOR}-1.0.mar", work / "reference-detector")
-    context = archive_context(detector_dir)
-    detector_settings = parse_detector_settings((context.model_yaml_config or {})["handler"])
-    detector = load_model(detector_settings.model,
-                          detector_dir / context.manifest["model"]["serializedFile"], device)
-    result["detector_pipeline"] = detector_pipeline(detector, jpegs, detector_settings.precision,
-                                                    settings.detector_batches, device)
-    result["detector_network_only"] = detector_network_only(detector, detector_settings.precision,
-                                                            settings.detector_batches, device)
+    for name, prefix in ((DETECTOR, "detector"), (COCO_DETECTOR, "coco_detector")):
+        if not (store / f"{name}-1.0.mar").exists():
+            continue
+        detector_dir = extract_archive(store / f"{name}-1.0.mar", work / f"reference-{name}")
+        context = archive_context(detector_dir)
+        detector_settings = parse_detector_settings((context.model_yaml_config or {})["handler"])
+        detector = load_model(detector_settings.model,
+                              detector_dir / context.manifest["model"]["serializedFile"], device)
+        result[f"{prefix}_pipeline"] = detector_pipeline(detector, jpegs, detector_settings.precision,
+                                                         settings.detector_batches, device)
+        result[f"{prefix}_network_only"] = detector_network_only(detector, detector_settings.precision,
+                                                                 settings.detector_batches, device)
     say(f"in-process: {json.dumps(result)}")
     return result
 
@@ -521,10 +540,11 @@ def planned_s(settings: GpuLabSettings, descriptions: Sequence[ModelDescription]
     load_s = settings.warm_up_s + settings.duration_s
     wanted = set(settings.steps)
     plan = 0.0
-    if wanted & {"echo", "classifier", "builtin", "detector", "levers", "echo_workers"}:
+    if wanted & {"echo", "classifier", "builtin", "detector", "coco_detector", "levers", "echo_workers"}:
         plan += SERVER_OVERHEAD_S
     plan += load_s * (("echo" in wanted) + len(settings.loads) * (("classifier" in wanted)
-                                                                  + ("detector" in wanted)))
+                                                                  + ("detector" in wanted)
+                                                                  + ("coco_detector" in wanted)))
     if "builtin" in wanted:
         plan += (load_s + VARIANT_OVERHEAD_S) * len(settings.builtin_workers) + load_s * len(settings.loads)
     if "levers" in wanted:
@@ -546,7 +566,15 @@ def ratios(record: dict[str, Any], loads: Sequence[int]) -> dict[str, Any]:
     detector_reference = max(record["in_process"]["detector_pipeline"].values())
     detector = max(row["images_per_s"] for row in record["served"][DETECTOR].values())
     builtin = max(row["images_per_s"] for row in record["builtin"]["best"].values())
+    coco: dict[str, float] = {}
+    if record["served"].get(COCO_DETECTOR) and "coco_detector_pipeline" in record["in_process"]:
+        served_coco = max(row["images_per_s"] for row in record["served"][COCO_DETECTOR].values())
+        coco = {"coco_detector_over_its_reference": served_coco / max(
+                    record["in_process"]["coco_detector_pipeline"].values()),
+                "coco_detector_over_its_network": served_coco / max(
+                    record["in_process"]["coco_detector_network_only"].values())}
     return {
+        **coco,
         "ours_images_per_s": ours, "goal_images_per_s": GOAL_IMAGES_PER_S,
         "ours_over_reference_pipeline": ours / reference,
         "ours_over_builtin": ours / builtin,
@@ -566,7 +594,7 @@ def run_gpu_lab(settings: GpuLabSettings,
     work, store = settings.work_dir, settings.work_dir / "store"
     store.mkdir(parents=True, exist_ok=True)
     os.environ.pop("TSV_CACHE", None)            # the cache off: every request computed
-    descriptions = load_descriptions(settings.models)
+    descriptions = with_weights(load_descriptions(settings.models), dict(settings.weights))
     record: dict[str, Any] = {"machine": machine(device), "settings": {
         key: str(value) if isinstance(value, Path) else value
         for key, value in dataclasses.asdict(settings).items()}}
@@ -593,7 +621,7 @@ def run_gpu_lab(settings: GpuLabSettings,
     step("in_process", lambda: in_process(store, work, jpegs, device, settings))
     step("load_generator", lambda: load_generator_ceiling(jpegs, work, settings))
     step("syncs", lambda: batch_synchronisations(store, work, jpegs, device, descriptions, settings.levers))
-    if wanted & {"echo", "classifier", "builtin", "detector", "levers", "echo_workers"}:
+    if wanted & {"echo", "classifier", "builtin", "detector", "coco_detector", "levers", "echo_workers"}:
         classifier = next(d for d in descriptions if d.start and d.name == CLASSIFIER)
         with lab_server(work, store, descriptions) as (instance, ready_s):
             client, log = instance.client(timeout_s=60), instance.log_dir / "model_log.log"
@@ -607,6 +635,9 @@ def run_gpu_lab(settings: GpuLabSettings,
                                                   classifier.serving.batch_size))
             step("detector", lambda: served(client, DETECTOR, jpegs, work, settings, log),
                  served_by_model, DETECTOR)
+            if any(d.start and d.name == COCO_DETECTOR for d in descriptions):
+                step("coco_detector", lambda: served(client, COCO_DETECTOR, jpegs, work, settings, log),
+                     served_by_model, COCO_DETECTOR)
             step("levers", lambda: served_variants(client, store, jpegs, work, settings, descriptions, log))
             step("echo_workers", lambda: echo_at_workers(client, store, jpegs, work, settings))
     if wanted >= set(STEPS):

@@ -1,0 +1,141 @@
+"""`torchserve-vision predict` against a real TorchServe: folders in one command (JSON lines, a bad
+image's own line, drawings at their relative paths, --resume), and a clear message and exit
+status, never a traceback, for each input it cannot use."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+from PIL import Image
+
+from tests.images import PHOTOS_DIR, photo_bytes
+from torchserve_vision.archives.versions import archive_with_version
+from torchserve_vision.cli import main as command
+from torchserve_vision.server_process import TorchServeInstance
+
+pytestmark = pytest.mark.server
+DETECTOR, CLASSIFIER = "ssd_mobilenet_v2", "efficientnet_lite0"
+
+
+def predict(server: TorchServeInstance, *arguments: str) -> int:
+    return command(["predict", *arguments, "--inference-url", server.inference_url,
+                    "--management-url", server.management_url])
+
+
+def answer_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def photo_folder(tmp_path: Path) -> Path:
+    """Three photos (one in a subfolder), a file that is not an image, and a broken PNG."""
+    folder = tmp_path / "photos"
+    (folder / "kitchen").mkdir(parents=True)
+    for name in ("astronaut.png", "chelsea.png"):
+        shutil.copy(PHOTOS_DIR / name, folder / name)
+    shutil.copy(PHOTOS_DIR / "coffee.png", folder / "kitchen" / "coffee.png")
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "kitchen" / "broken.png").write_bytes(photo_bytes("coffee.png")[:2000])
+    return folder
+
+
+def test_a_folder_gets_a_line_per_image_and_a_bad_image_its_own_error(server, photo_folder, tmp_path,
+                                                                      capsys):
+    out = tmp_path / "answers.jsonl"
+    drawn = tmp_path / "drawn"
+    status = predict(server, str(photo_folder), "--model", DETECTOR, "--out", str(out), "--draw", str(drawn))
+    assert status == 1
+    lines = {Path(line["path"]).relative_to(photo_folder).as_posix(): line for line in answer_lines(out)}
+    assert sorted(lines) == ["astronaut.png", "chelsea.png", "kitchen/broken.png", "kitchen/coffee.png"]
+    broken = lines["kitchen/broken.png"]
+    assert broken["status"] == 400 and broken["error"]["type"] == "UndecodableImage"
+    assert "person" in {found["label"] for found in lines["astronaut.png"]["answer"]}
+    coffee = {found["label"] for found in lines["kitchen/coffee.png"]["answer"]}
+    assert {"cup", "bowl", "dining table"} <= coffee
+    assert all(line["latency_ms"] > 0 for line in lines.values())
+    summary = capsys.readouterr().err
+    assert "answered 3, failed 1" in summary and "1 file(s) that are not images left out" in summary
+    # drawings at their paths below the folder, the photo's size, boxes drawn on it
+    drawing = drawn / "kitchen" / "coffee.png"
+    assert sorted(path.relative_to(drawn).as_posix() for path in drawn.rglob("*.png")) == [
+        "astronaut.png", "chelsea.png", "kitchen/coffee.png"]
+    with Image.open(drawing) as image, Image.open(PHOTOS_DIR / "coffee.png") as photo:
+        assert image.size == photo.size
+        assert image.convert("RGB").tobytes() != photo.convert("RGB").tobytes()
+
+
+def test_one_photo_prints_a_table_and_draws_it(server, tmp_path, capsys):
+    drawing = tmp_path / "cat.png"
+    assert predict(server, str(PHOTOS_DIR / "chelsea.png"), "--draw", str(drawing)) == 0
+    out = capsys.readouterr().out
+    assert "tiger cat" in out and f"drawn: {drawing}" in out
+    with Image.open(drawing) as image, Image.open(PHOTOS_DIR / "chelsea.png") as photo:
+        assert image.size[0] == photo.size[0] and image.size[1] > photo.size[1]   # the caption's band
+
+
+def test_resume_skips_the_answered_retries_the_failed_and_cuts_a_partial_line(server, photo_folder,
+                                                                               tmp_path, capsys):
+    (photo_folder / "kitchen" / "broken.png").unlink()
+    out = tmp_path / "answers.jsonl"
+    answered = {"path": str(photo_folder / "astronaut.png"), "status": 200, "latency_ms": 1.0,
+                "answer": ["kept as it was"]}
+    failed = {"path": str(photo_folder / "chelsea.png"), "status": 503, "latency_ms": 1.0,
+              "error": {"message": "queue full"}}
+    out.write_text(json.dumps(answered) + "\n" + json.dumps(failed) + "\n"
+                   + '{"path": "' + str(photo_folder / "kitchen"))        # a run killed mid-line
+    assert predict(server, str(photo_folder), "--model", DETECTOR, "--out", str(out), "--resume") == 0
+    lines = answer_lines(out)
+    assert lines[:2] == [answered, failed]
+    retried = {line["path"]: line["status"] for line in lines[2:]}
+    assert retried == {str(photo_folder / "chelsea.png"): 200,
+                       str(photo_folder / "kitchen" / "coffee.png"): 200}
+    assert "answered 2, failed 0, skipped 1" in capsys.readouterr().err
+    assert predict(server, str(photo_folder), "--out", str(out), "--resume", "--model", DETECTOR) == 0
+    assert len(answer_lines(out)) == 4          # nothing left to send
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda tmp: [str(tmp / "missing.jpg")], "missing.jpg: no such file or folder"),
+    (lambda tmp: [str(tmp / "empty")], "no images in"),
+    (lambda tmp: [str(PHOTOS_DIR / "chelsea.png"), "--resume"], "--resume needs --out"),
+])
+def test_unusable_paths_get_a_message_and_status_1(server, tmp_path, capsys, make, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("text")
+    assert predict(server, *make(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_server_that_is_not_running_gets_a_message(tmp_path, capsys):
+    code = command(["predict", str(PHOTOS_DIR / "chelsea.png"), "--inference-url", "http://127.0.0.1:9",
+                    "--management-url", "http://127.0.0.1:9"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "cannot reach TorchServe's inference API at http://127.0.0.1:9" in err
+    assert "torchserve-vision server start" in err
+
+
+def test_an_unknown_model_or_version_gets_a_message_naming_what_is_served(server, capsys):
+    assert predict(server, str(PHOTOS_DIR / "chelsea.png"), "--model", "nonexistent") == 1
+    err = capsys.readouterr().err
+    assert "does not serve nonexistent" in err and CLASSIFIER in err and DETECTOR in err
+    assert predict(server, str(PHOTOS_DIR / "chelsea.png"), "--version", "9.9") == 1
+    assert f"does not serve {CLASSIFIER} 9.9" in capsys.readouterr().err
+
+
+def test_a_version_without_a_ready_worker_gets_a_message(server, model_store, capsys):
+    copy = archive_with_version(model_store, f"{CLASSIFIER}-1.0.mar", "0.9-idle")
+    answer = requests.post(f"{server.management_url}/models", timeout=120,
+                           params={"url": copy, "initial_workers": "0", "synchronous": "true"})
+    assert answer.status_code == 200, answer.text
+    try:
+        assert predict(server, str(PHOTOS_DIR / "chelsea.png"), "--version", "0.9-idle") == 1
+        assert "has no READY worker" in capsys.readouterr().err
+    finally:
+        requests.delete(f"{server.management_url}/models/{CLASSIFIER}/0.9-idle", timeout=60)
+        (model_store / copy).unlink()

@@ -366,8 +366,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
                 model_input = self.preprocess(items)
             with record.timing("inference"):
                 model_output = self.infer(model_input)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
+                if self.device.type == "cuda":      # the batch's own work, not the device's
+                    torch.cuda.current_stream(self.device).synchronize()
             with record.timing("postprocess"):
                 answers = self.postprocess(model_output, model_input, items)
         except torch.cuda.OutOfMemoryError:

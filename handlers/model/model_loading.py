@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,30 +132,28 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return effective
 
 
-@contextlib.contextmanager
-def _tensor_float_32(allowed: bool) -> Iterator[None]:
-    """cuDNN convolutions and cuBLAS matrix products in float32 may (or may not) round their
-    inputs to TF32 for this block. PyTorch lets cuDNN use TF32 by default, which moved
-    EfficientNet-Lite0's fp32 probabilities by up to 0.0049 against the CPU's on an H200."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allowed
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+def use_tensor_float_32(device: torch.device, precision: str) -> None:
+    """On CUDA, whether cuDNN convolutions and cuBLAS matrix products may round float32 inputs to
+    TF32 (10 significant bits): only under `tf32`; every other precision's float32 work (all of
+    fp32's, and what autocast leaves in float32) is IEEE float32. PyTorch lets cuDNN use TF32 by
+    default, which moved EfficientNet-Lite0's fp32 probabilities by up to 0.0049 against the
+    CPU's on an H200. The flags are the process's: set once, when a worker loads its network
+    (`load_for_serving`), never around a forward pass, where a change would race with any other
+    thread of the process. A worker that loads two networks (a pipeline's stages) runs both at
+    the setting of the last one loaded. The project's own float32 work on the device (the
+    fixed-point resize) computes where the setting does not matter."""
+    if device.type == "cuda":
+        allowed = precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allowed
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
     """The arithmetic of an effective precision (see `resolve_precision`) for a forward pass:
-    autocast to fp16 / bf16 on the device; fp32 without autocast. On CUDA, float32 work (all of
-    fp32's, and what autocast leaves in float32) is IEEE float32 except under `tf32`, which
-    lets convolutions and matrix products round their inputs to TF32 (10 significant bits)."""
-    stack = contextlib.ExitStack()
-    if device.type == "cuda":
-        stack.enter_context(_tensor_float_32(precision == "tf32"))
+    autocast to fp16 / bf16 on the device; fp32 and tf32 without autocast (float32 work on CUDA
+    as `use_tensor_float_32` set it when the network was loaded)."""
     if precision in AUTOCAST_DTYPES:
-        stack.enter_context(torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision]))
-    return stack
+        return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
+    return contextlib.nullcontext()
 
 
 def load_labels(path: Path) -> list[str]:
@@ -176,4 +173,5 @@ def load_for_serving(settings: HandlerSettings, model_dir: Path, serialized_file
     of one model directory: what every served model loads first."""
     labels = load_labels(model_dir / settings.labels_file)
     precision = resolve_precision(settings.precision, device)
+    use_tensor_float_32(device, precision)
     return labels, precision, load_model(settings.model, model_dir / serialized_file, device)

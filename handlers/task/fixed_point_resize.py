@@ -10,19 +10,20 @@ the CPU's, which moved EfficientNet-Lite0's probabilities by up to 0.045 on the 
 (docs/precision.md). Here the CPU keeps ATen's kernel (vectorised) and every other device runs
 `resize_exact`: the same integer arithmetic as tensor operations, bit for bit equal to the CPU's
 (tests/unit/test_fixed_point_resize.py). Each pass is a float32 matrix product by the axis's
-weights laid out as a banded `[input, output]` matrix: every product and partial sum is a
-non-negative integer below 2**24, which float32 holds exactly whatever the order of summation
-(TF32 kept off), so the product is the integer dot product; where the largest sum would not fit,
-the weights are split into their high and low bytes, two products of small integers recombined
-in int32. (The other way, `method="gathers"`: one int32 gather, multiply and add per tap, a
-kernel each, which on an H200 took more GPU time than the model: docs/benchmarks.md.)
+weights laid out as banded `[input, output]` matrices of the weights' digits (their high and low
+bytes; smaller digits, in more matrices, for a filter so wide that a byte's sums would not fit):
+every factor is an integer of at most 255, which TF32 (CUDA's float32 matrix products where the
+worker allows them: handlers.model.model_loading.use_tensor_float_32) holds exactly as float32
+does, and every partial sum a non-negative integer below 2**24, which the products accumulate
+exactly in float32 whatever the order of summation; so each product is an integer dot product,
+the products recombined in int32, whatever the process's TF32 setting. (The other way,
+`method="gathers"`: one int32 gather, multiply and add per tap, a kernel each, which on an H200
+took more GPU time than the model: docs/benchmarks.md.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -33,7 +34,7 @@ from torch.nn import functional as F
 INT16_LIMIT = 1 << 15
 MAX_PRECISION_BITS = 22
 FLOAT32_EXACT = 1 << 24          # float32 holds every integer below this exactly
-BYTE = 256
+DIGIT_BITS = 8                   # a byte: TF32 holds every integer up to 2**11 exactly
 
 # How a pass computes its integer dot products (module docstring); both give the same integers.
 ResampleMethod = Literal["matmul", "gathers"]
@@ -120,42 +121,29 @@ def device_taps(input_size: int, output_size: int,
 
 @lru_cache(maxsize=512)
 def device_matrices(input_size: int, output_size: int,
-                    device: torch.device) -> tuple[tuple[torch.Tensor, ...], int]:
-    """`axis_taps` as float32 `[input, output]` matrices on `device`, made once per (sizes,
-    device): one, the weights themselves, when 255 x the largest column sum plus the rounding
-    half is below FLOAT32_EXACT; else two, the weights' high and low bytes (each product then a
-    sum of integers below 2**24 for any filter of this module: at most 255 x 2**22 / 256, and
-    255 x 255 per tap). With the precision."""
+                    device: torch.device) -> tuple[tuple[torch.Tensor, ...], int, int]:
+    """`axis_taps` as the float32 `[input, output]` matrices of the weights' digits, most
+    significant first, on `device`, made once per (sizes, device), with the digits' width in
+    bits and the precision. A digit is a byte, or fewer bits where 255 x a column's sum of one
+    byte could reach 2**24 (a filter of hundreds of taps): so each product of a row of 0..255
+    pixels is a sum of integers below 2**24, and no factor needs more than TF32's 11 significant
+    bits."""
     index, weights, precision = _tap_tables(input_size, output_size)
     outputs = torch.arange(output_size).expand_as(index)
     matrix = torch.zeros(input_size, output_size, dtype=torch.int64).index_put_(
         (index, outputs), weights.to(torch.int64), accumulate=True)   # clamped taps add 0
-    largest = int(matrix.sum(dim=0).max())
-    if 255 * largest + (1 << (precision - 1)) < FLOAT32_EXACT:
-        parts: tuple[torch.Tensor, ...] = (matrix,)
-    else:
-        parts = (matrix // BYTE, matrix % BYTE)
-    return tuple(part.to(torch.float32).to(device) for part in parts), precision
-
-
-@contextlib.contextmanager
-def _ieee_float32(device: torch.device) -> Iterator[None]:
-    """float32 matrix products in IEEE float32 on a CUDA device (not TF32) while it runs."""
-    if device.type != "cuda":
-        yield
-        return
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+    bits = DIGIT_BITS
+    while bits > 1 and 255 * int((matrix > 0).sum(dim=0).max()) * ((1 << bits) - 1) >= FLOAT32_EXACT:
+        bits -= 1
+    count = max(1, -(-int(matrix.max()).bit_length() // bits))
+    digits = [(matrix >> (bits * place)) & ((1 << bits) - 1) for place in reversed(range(count))]
+    return tuple(digit.to(torch.float32).to(device) for digit in digits), bits, precision
 
 
 def _resample_last_axis(images: torch.Tensor, output_size: int,
                         method: ResampleMethod = "matmul") -> torch.Tensor:
     """Integer `[..., L]` holding 0..255 -> int32 `[..., output]` holding 0..255: one fixed-point
-    pass, as one or two matrix products or as a gather per tap."""
+    pass, as two matrix products or as a gather per tap."""
     if method == "gathers":
         index, weights, precision = device_taps(images.shape[-1], output_size, images.device)
         total = torch.full((*images.shape[:-1], output_size), 1 << (precision - 1),
@@ -164,11 +152,11 @@ def _resample_last_axis(images: torch.Tensor, output_size: int,
         for tap in range(index.shape[0]):
             total += wide.index_select(-1, index[tap]) * weights[tap]
         return (total >> precision).clamp_(0, 255)
-    matrices, precision = device_matrices(images.shape[-1], output_size, images.device)
+    matrices, bits, precision = device_matrices(images.shape[-1], output_size, images.device)
     pixels = images.to(torch.float32)
-    with _ieee_float32(images.device):
-        products = [(pixels @ matrix).to(torch.int32) for matrix in matrices]
-    total = products[0] if len(products) == 1 else products[0] * BYTE + products[1]
+    total = torch.zeros((), dtype=torch.int32, device=images.device)
+    for matrix in matrices:           # most significant digit first
+        total = (total << bits) + (pixels @ matrix).to(torch.int32)
     return ((total + (1 << (precision - 1))) >> precision).clamp_(0, 255)
 
 

@@ -32,6 +32,9 @@ MAX_QUEUED = KEEP_BUSY + BURST_REQUESTS
 # and batches of 8, 48 concurrent phone photos overflowed only when the worker was slower than
 # their arrival).
 SMALL_QUEUE_VERSION, SMALL_QUEUE = "1.0-cb1", 1
+# The frontend's queue of these versions: TorchServe's default, over the archive's own, so that
+# what fills up first is the handler's queue (what these tests are about).
+FRONTEND_QUEUE = 100
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +48,14 @@ def continuous_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServ
                                    handler_changes={"continuous_batching": {"max_queued": MAX_QUEUED,
                                                                           "max_batch_size": 8}},
                                    frontend_changes={"asyncCommunication": True,
-                                                     "continuousBatching": False})
+                                                     "continuousBatching": False,
+                                                     "jobQueueSize": FRONTEND_QUEUE})
     small_queue = archive_with_version(store, "efficientnet_lite0-1.0.mar", SMALL_QUEUE_VERSION,
                                        handler_changes={"continuous_batching": {
                                            "max_queued": SMALL_QUEUE, "max_batch_size": 1}},
                                        frontend_changes={"asyncCommunication": True,
-                                                         "continuousBatching": False})
+                                                         "continuousBatching": False,
+                                                         "jobQueueSize": FRONTEND_QUEUE})
     for server in started_server(tmp_path_factory.mktemp("continuous"), store, load_models=""):
         client = server.client(timeout_s=60)   # a register answers once the archive is read
         for name in (archive, small_queue):

@@ -41,6 +41,7 @@ MODEL_DEADLINE_MS = 10        # less than one large photo takes
 # slow_png): 16 for the deadline test (a batch and a full one queued), 32 for the priority test
 # (16 queued while up to two batches of 8 were taken).
 SLOW_BUSY, SLOW_BUSY_FOR_PRIORITY = 16, 32
+WIDE_QUEUE = 100
 EXPIRED = "ts_requests_expired_total"
 SHED_FOR_PRIORITY = "ts_requests_shed_for_priority_total"
 
@@ -57,7 +58,9 @@ def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIns
         QUEUED: {"continuousBatching": True}, DELAYED: {"continuousBatching": False},
         WITH_DEADLINE: {"continuousBatching": True, "clientTimeoutInMills": MODEL_DEADLINE_MS},
         PRIORITIES: {"continuousBatching": True}}
-    archives = {version: archive_with_version(store, f"{MODEL}-1.0.mar", version, frontend_changes=changes)
+    # each with TorchServe's default queue of 100, the server's here, over the archive's own
+    archives = {version: archive_with_version(store, f"{MODEL}-1.0.mar", version,
+                                              frontend_changes={**changes, "jobQueueSize": WIDE_QUEUE})
                 for version, changes in frontends.items()}
     for server in started_server(tmp_path_factory.mktemp("queued"), store, load_models=""):
         client = server.client(timeout_s=60)   # a register answers once the archive is read
@@ -227,10 +230,10 @@ def test_a_high_priority_request_is_taken_before_the_normal_ones_queued_ahead_of
 def test_while_high_priority_requests_come_the_oldest_normal_ones_are_shed_to_keep_room(queued_server):
     """After a high-priority request, a burst of 90 normal ones (3 MP slow PNGs, about 50 ms of a
     core each) fills more than half of the queue (TorchServe's job_queue_size, 100, here): the
-    oldest beyond half are answered 503 with Retry-After and a JSON error, counted; every other
+    oldest beyond half are answered 503 with Retry-After 1 and a JSON error, counted; every other
     request is answered, and only those were computed."""
-    queue_size = int(queued_server.effective_config.read_text().split("job_queue_size=")[1].split()[0])
-    assert queue_size == 100
+    queue = queued_server.client().describe(MODEL, PRIORITIES)[0]["jobQueueStatus"]
+    assert queue["remainingCapacity"] + queue["pendingRequests"] == WIDE_QUEUE
     photo = slow_png(2000, 1500)
     log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
     shed_before = expired_count(queued_server, PRIORITIES, SHED_FOR_PRIORITY)

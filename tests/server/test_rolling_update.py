@@ -7,6 +7,7 @@ the same run: requests fail, so the rehearsal can see a failure when there is on
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,24 @@ from torchserve_vision.lab.rolling_update import REMOVAL_BOUND_S, rehearse
 pytestmark = pytest.mark.server
 CLASSIFIER = "efficientnet_lite0-1.0.mar"
 NEW_VERSION = "2.0-rolled"      # this module's own version name: no other module writes it
+WIDE_QUEUE = 100
+
+
+def wide_queue_store(model_store: Path, directory: Path) -> Path:
+    """A model store with the classifier's 1.0 queueing up to WIDE_QUEUE requests, over its
+    archive's own 32: while one pod restarts, the other takes the whole load, about its capacity on
+    a 2-core machine shared by both, and the burst waits in its queue; with the production
+    profile's queue it would be shed with 503s (docs/robustness.md), which is not what this test
+    is about."""
+    directory.mkdir()
+    shutil.copy(model_store / CLASSIFIER, directory / "source.mar")
+    archive_with_version(directory, "source.mar", "1.0", frontend_changes={"jobQueueSize": WIDE_QUEUE})
+    (directory / "source.mar").unlink()
+    return directory
 
 
 def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop_does(
-        model_store: Path, monkeypatch: pytest.MonkeyPatch):
+        model_store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Both pods rolled with SIGTERM onto the new version, then (same run, same load) the first
     pod stopped the way TorchServe's stock image stops: the rehearsal sees failures when there
     are some. The stock stop fails the requests sent to its pod before the balancer notices,
@@ -33,8 +48,9 @@ def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop
     counts against the step during which it happened (on a loaded 2-core machine answers take
     over a second, and requests sent just before the stock stop fail in it)."""
     monkeypatch.setenv("TSV_WORKERS", "1")   # one worker per pod, as a pod per core would run
-    rolled = archive_with_version(model_store, CLASSIFIER, NEW_VERSION)
-    report = rehearse(paths.DEVELOPMENT_CONFIG, model_store, pod_count=2, rate_rps=30,
+    store = wide_queue_store(model_store, tmp_path / "store")
+    rolled = archive_with_version(store, CLASSIFIER, NEW_VERSION)
+    report = rehearse(paths.DEVELOPMENT_CONFIG, store, pod_count=2, rate_rps=30,
                       drain_delay_s=2 * REMOVAL_BOUND_S, settle_s=1.0, load_models=CLASSIFIER,
                       stock_stop_after=True, rolled_load_models=rolled)
     assert [(step.graceful, step.exit_code) for step in report.steps] == [

@@ -88,7 +88,7 @@ def test_without_the_key_file_the_commands_fail_with_the_servers_message(secured
     assert "InvalidKeyException" in capsys.readouterr().err
 
 
-def test_predict_and_load_reach_a_server_with_tokens_on(secured_server, capsys):
+def test_predict_and_load_reach_a_server_with_tokens_on(secured_server, capsys, tmp_path):
     connection = ["--inference-url", secured_server.inference_url, "--key-file", str(secured_server.key_file)]
     assert command(["predict", str(PHOTOS_DIR / "coffee.png"), "--json", *connection]) == 0
     assert json.loads(capsys.readouterr().out)[0]["label"] == "espresso"
@@ -97,4 +97,11 @@ def test_predict_and_load_reach_a_server_with_tokens_on(secured_server, capsys):
     assert report["sent"] > 0 and report["succeeded"] == report["sent"], report
     assert command(["predict", str(PHOTOS_DIR / "coffee.png"),
                     "--inference-url", secured_server.inference_url]) == 1
-    assert "InvalidKeyException" in capsys.readouterr().err
+    assert "token authorization on: give --key-file" in capsys.readouterr().err
+    stale = tmp_path / "key_file.json"
+    stale.write_text(json.dumps({kind: {**entry, "key": "stale"} if isinstance(entry, dict) else entry
+                                 for kind, entry in keys(secured_server).items()}))
+    assert command(["predict", str(PHOTOS_DIR / "coffee.png"), "--key-file", str(stale),
+                    "--inference-url", secured_server.inference_url,
+                    "--management-url", secured_server.management_url]) == 1
+    assert "refused the keys" in capsys.readouterr().err

@@ -54,14 +54,32 @@ def test_both_ways_of_a_pass_are_the_cpu_kernel_at_the_largest_sums_too(input_hw
         assert torch.equal(resize_exact(images, output_hw, method="gathers"), expected)
 
 
-def test_a_pass_splits_its_weights_into_bytes_only_where_one_product_could_round():
-    cpu = torch.device("cpu")
-    (single,), precision = device_matrices(720, 256, cpu)
-    assert 255 * int(single.sum(dim=0).max()) + (1 << (precision - 1)) < 1 << 24
-    assert torch.equal(single.to(torch.int64).sum(dim=0).unique(), torch.unique(torch.tensor(
-        [sum(row) for row in axis_taps(720, 256).weights])))
-    high_and_low, _ = device_matrices(1080, 256, cpu)
-    assert len(high_and_low) == 2 and int(high_and_low[1].max()) < 256
+def tf32(values: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32 (10 explicit mantissa bits), to nearest, as CUDA's matrix
+    products may round their inputs."""
+    bits = values.view(torch.int32)
+    return ((bits + (1 << 12)) & ~((1 << 13) - 1)).view(torch.float32)
+
+
+@pytest.mark.parametrize(("input_size", "output_size"), [(720, 256), (1080, 256), (12000, 256), (48, 256),
+                                                       (4000, 3)])
+def test_every_factor_of_a_pass_is_exact_in_tf32_and_every_sum_in_float32(input_size, output_size):
+    """So a CUDA worker's resize is exact whatever its TF32 setting: the weights' digits and the
+    0..255 pixels are integers TF32 holds, each output a sum of products below 2**24 (a filter of
+    over a thousand taps, 4000 -> 3, in digits of fewer bits)."""
+    digits, bits, _ = device_matrices(input_size, output_size, torch.device("cpu"))
+    for digit in digits:
+        assert torch.equal(tf32(digit), digit) and int(digit.max()) < 1 << bits <= 256
+        assert 255 * int(digit.sum(dim=0).max()) < 1 << 24
+    pixels = torch.arange(256, dtype=torch.float32)
+    assert torch.equal(tf32(pixels), pixels)
+    weights = torch.zeros(output_size, dtype=torch.int64)
+    for digit in digits:
+        weights = (weights << bits) + digit.to(torch.int64).sum(dim=0)
+    assert torch.equal(weights.unique(), torch.unique(torch.tensor(
+        [sum(row) for row in axis_taps(input_size, output_size).weights])))
+    byte_sums_fit = 255 * axis_taps(input_size, output_size).taps * 255 < 1 << 24
+    assert bits == 8 if byte_sums_fit else bits < 8
 
 
 def test_a_real_photo_resizes_identically():

@@ -64,19 +64,18 @@ def tf32_settings_kept() -> Any:
 @pytest.mark.parametrize(("precision", "tf32"), [("fp32", False), ("tf32", True), ("fp16", False)])
 def test_on_cuda_float32_work_uses_tf32_only_under_the_tf32_precision(precision, tf32,
                                                                       tf32_settings_kept):
+    """Set once, when a worker loads its network: a forward pass (autocast) leaves the
+    process-wide flags as they are, so no thread of the worker ever sees them change under it."""
+    from handlers.model.model_loading import use_tensor_float_32
+
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not tf32
-    with autocast(CUDA, precision) if precision != "fp16" else _tf32_part(precision):
+    use_tensor_float_32(CUDA, precision)
+    assert torch.backends.cudnn.allow_tf32 is tf32
+    assert torch.backends.cuda.matmul.allow_tf32 is tf32
+    with autocast(CPU, "fp32"):
         assert torch.backends.cudnn.allow_tf32 is tf32
-        assert torch.backends.cuda.matmul.allow_tf32 is tf32
-    assert torch.backends.cudnn.allow_tf32 is (not tf32)   # put back after the forward pass
-    assert torch.backends.cuda.matmul.allow_tf32 is (not tf32)
-
-
-def _tf32_part(precision: str) -> Any:
-    """fp16's autocast needs a GPU; its float32 part (what autocast leaves in float32) is IEEE."""
-    from handlers.model.model_loading import _tensor_float_32
-
-    return _tensor_float_32(precision == "tf32")
+    use_tensor_float_32(CPU, "tf32" if not tf32 else "fp32")     # a CPU worker changes nothing
+    assert torch.backends.cudnn.allow_tf32 is tf32
 
 
 def test_autocast_leaves_the_cpus_float32_settings_alone(tf32_settings_kept):

@@ -91,6 +91,9 @@ class HasImageLimits(Protocol):
     @property
     def jpeg_decoder(self) -> JpegDecoder: ...
 
+    @property
+    def cuda_preprocess_kernels(self) -> bool: ...
+
 
 Settings = TypeVar("Settings", bound=HasImageLimits)
 
@@ -461,7 +464,7 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         """The batch's encoded images decoded together onto the device, each a tensor or its own
         ClientError, with the header it was decoded by (handlers.request.decode)."""
         return decode_with_headers(encoded, self.settings.limits, self.device, self.jpeg_draft_size,
-                                   self.settings.jpeg_decoder)
+                                   self.settings.jpeg_decoder, self.settings.cuda_preprocess_kernels)
 
     def decode(self, image_bytes: bytes, options: Options) -> DecodedImage[Options]:
         """One encoded image decoded as `decode_images` does (ClientError for a bad one)."""

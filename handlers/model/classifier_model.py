@@ -42,6 +42,9 @@ class ClassifierModel:
         if self.weights_dtype is not None:
             self.network = self.network.to(self.weights_dtype)
         self.input_dtype = self.weights_dtype or torch.float32
+        # The resize, crop and normalisation as Triton kernels (CUDA, and the archive's
+        # `cuda_preprocess_kernels`); tensor operations elsewhere.
+        self.preprocess_kernels = device.type == "cuda" and settings.cuda_preprocess_kernels
         if settings.channels_last:
             self.network = self.network.to(memory_format=torch.channels_last)
         timeout_s = settings.compile.load_timeout_s if settings.compile else 0.0
@@ -66,7 +69,8 @@ class ClassifierModel:
         centre crop `input_size`, in the network's memory format."""
         settings = self.settings
         batch = preprocess_classification_batch(images, settings.resize_size, settings.input_size,
-                                                settings.mean, settings.std, self.device, self.input_dtype)
+                                                settings.mean, settings.std, self.device, self.input_dtype,
+                                                kernels=self.preprocess_kernels)
         return self.in_memory_format(batch)
 
     def crops_input(self, crops: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from handlers.model.settings import (
     _fraction_setting,
     _positive_int,
     parse_classifier_settings,
+    parse_cuda_preprocess_kernels,
     parse_detector_settings,
     parse_jpeg_decoder,
     parse_limits,
@@ -63,6 +64,7 @@ class CascadeSettings:
     top_k: int
     limits: ImageLimits
     jpeg_decoder: JpegDecoder = field(default="torchvision", kw_only=True)
+    cuda_preprocess_kernels: bool = field(default=False, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class DetectClassifySettings:
     top_k: int
     limits: ImageLimits
     jpeg_decoder: JpegDecoder = field(default="torchvision", kw_only=True)
+    cuda_preprocess_kernels: bool = field(default=False, kw_only=True)
 
     @property
     def detection_defaults(self) -> DetectionOptions:
@@ -121,6 +124,7 @@ def parse_cascade_settings(handler_section: Mapping[str, Any] | None) -> Cascade
         top_k=_positive_int(handler_section.get("top_k", first.top_k), "top_k"),
         limits=parse_limits(handler_section.get("limits", {})),
         jpeg_decoder=parse_jpeg_decoder(handler_section),
+        cuda_preprocess_kernels=parse_cuda_preprocess_kernels(handler_section),
     )
 
 
@@ -144,4 +148,5 @@ def parse_detect_classify_settings(handler_section: Mapping[str, Any] | None) ->
         top_k=_positive_int(handler_section.get("top_k", 3), "top_k"),
         limits=parse_limits(handler_section.get("limits", {})),
         jpeg_decoder=parse_jpeg_decoder(handler_section),
+        cuda_preprocess_kernels=parse_cuda_preprocess_kernels(handler_section),
     )

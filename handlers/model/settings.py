@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
+from handlers.ground import triton_kernels
 from handlers.ground.fractions import fraction_of
 from handlers.ground.kind_options import DetectionOptions
 from handlers.ground.limits import ImageLimits, SettingsError
@@ -83,6 +84,8 @@ class HandlerSettings:
     limits: ImageLimits
     # A CUDA worker's batched JPEG decoder (parse_jpeg_decoder).
     jpeg_decoder: JpegDecoder = field(default="torchvision", kw_only=True)
+    # A CUDA worker's exact preprocessing as Triton kernels (parse_cuda_preprocess_kernels).
+    cuda_preprocess_kernels: bool = field(default=False, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -376,6 +379,7 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         cuda_fold_batch_norm=_switch(handler_section.get("cuda_fold_batch_norm", True),
                                      "cuda_fold_batch_norm"),
         jpeg_decoder=parse_jpeg_decoder(handler_section),
+        cuda_preprocess_kernels=parse_cuda_preprocess_kernels(handler_section),
     )
 
 
@@ -452,6 +456,7 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
         engine_models=parse_engine_models(handler_section.get("engine_models")),
         runner_order=parse_order(handler_section.get("runner_order"), "runner_order"),
         jpeg_decoder=parse_jpeg_decoder(handler_section),
+        cuda_preprocess_kernels=parse_cuda_preprocess_kernels(handler_section),
     )
 
 
@@ -465,6 +470,19 @@ def parse_jpeg_decoder(handler_section: Mapping[str, Any]) -> JpegDecoder:
         raise SettingsError("'jpeg_decoder: nvimgcodec' needs nvImageCodec where the workers run "
                             "(pip install nvidia-nvimgcodec-cu13)")
     return decoder
+
+
+def parse_cuda_preprocess_kernels(handler_section: Mapping[str, Any]) -> bool:
+    """`cuda_preprocess_kernels:` on a CUDA worker, the chroma interpolation after nvJPEG (every
+    kind) and the classifier's resize, crop and normalisation as Triton kernels
+    (handlers.request.chroma_kernels, handlers.task.resize_kernels) instead of tensor
+    operations: the same values, fewer kernels, no float32 copy of the images. Triton must
+    import where the workers run (it comes with torch's Linux wheels)."""
+    enabled = _switch(handler_section.get("cuda_preprocess_kernels", False), "cuda_preprocess_kernels")
+    if enabled and not triton_kernels.available():
+        raise SettingsError("'cuda_preprocess_kernels: true' needs Triton where the workers run "
+                            "(it comes with torch's Linux wheels)")
+    return enabled
 
 
 DETECTOR_ENGINES = ("openvino", "onnxruntime")

@@ -45,7 +45,7 @@ from torchvision.transforms.v2.functional import to_dtype
 
 from handlers.ground.errors import ClientError
 from handlers.ground.limits import ImageLimits
-from handlers.request import chroma_upsampling
+from handlers.request import chroma_kernels, chroma_upsampling
 from handlers.request.image_header import (
     ACCEPTED_FORMATS,
     ImageHeader,
@@ -186,12 +186,14 @@ def decode_images(encoded: Sequence[bytes], limits: ImageLimits, device: torch.d
 
 
 def decode_with_headers(encoded: Sequence[bytes], limits: ImageLimits, device: torch.device | None = None,
-                        min_short_side: int | None = None, decoder: JpegDecoder = "torchvision"
-                        ) -> list[tuple[DecodeResult, ImageHeader | None]]:
+                        min_short_side: int | None = None, decoder: JpegDecoder = "torchvision",
+                        chroma_kernels: bool = False) -> list[tuple[DecodeResult, ImageHeader | None]]:
     """`decode_images`, each result with the header it was decoded by (None where the header
     itself was refused): what a later stage reads of the image (its format and stored size)
     without reading the header again. `decoder` is a CUDA device's batched JPEG decoder (a CPU
-    decodes with torchvision's libjpeg-turbo whatever it says)."""
+    decodes with torchvision's libjpeg-turbo whatever it says); with `chroma_kernels`, chroma
+    it repeats is interpolated by handlers.request.chroma_kernels (the same pixels, fewer
+    kernels) instead of tensor operations."""
     device = device or CPU
     results: list[DecodeResult | None] = [None] * len(encoded)
     headers: list[ImageHeader | None] = [None] * len(encoded)
@@ -207,7 +209,8 @@ def decode_with_headers(encoded: Sequence[bytes], limits: ImageLimits, device: t
             on_device[index] = header
         else:
             results[index] = _decode_on_cpu(data, header, limits, min_short_side)
-    _decode_batched(encoded, on_device, limits, device, results, batched_decoder(device, decoder))
+    _decode_batched(encoded, on_device, limits, device, results, batched_decoder(device, decoder),
+                    chroma_kernels)
     return [(result if isinstance(result, ClientError) else _on_device(result, device), header)
             for result, header in zip(_settled(results), headers, strict=True)]
 
@@ -218,7 +221,8 @@ def batched_decoder(device: torch.device, decoder: JpegDecoder) -> JpegDecoder:
 
 
 def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], limits: ImageLimits,
-                    device: torch.device, results: list[DecodeResult | None], decoder: JpegDecoder) -> None:
+                    device: torch.device, results: list[DecodeResult | None], decoder: JpegDecoder,
+                    chroma_kernels: bool = False) -> None:
     """The batch's device-decodable JPEGs (`headers`, by index) into `results`, in calls bounded
     by the limit's pixels; one the decoder refuses goes to the CPU path."""
     indices = list(headers)
@@ -227,7 +231,7 @@ def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], l
         chosen = [indices[position] for position in run]
         decoded = decode_jpeg_run([encoded[index] for index in chosen], device, decoder)
         if decoder_repeats_chroma(device, decoder):
-            decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen])
+            decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen], chroma_kernels)
         for index, image in zip(chosen, decoded, strict=True):
             header = headers[index]
             results[index] = (oriented(image, header.orientation) if image is not None
@@ -259,10 +263,12 @@ def _decoded_alone(data: bytes, device: torch.device, decoder: JpegDecoder) -> t
     return image
 
 
-def _as_libjpeg_upsamples(images: list[torch.Tensor | None], headers: list[ImageHeader]
-                          ) -> list[torch.Tensor | None]:
+def _as_libjpeg_upsamples(images: list[torch.Tensor | None], headers: list[ImageHeader],
+                          kernels: bool = False) -> list[torch.Tensor | None]:
     """Stored pixels from a batched decoder that repeats subsampled chroma, with that chroma
-    interpolated as the CPU's decoder does: images of one size and subsampling in one pass."""
+    interpolated as the CPU's decoder does: images of one size and subsampling in one pass (by
+    Triton kernels with `kernels`, by tensor operations without)."""
+    interpolate = chroma_kernels.interpolated_chroma if kernels else chroma_upsampling.interpolated_chroma
     groups: dict[tuple[tuple[int, ...], tuple[int, int]], list[tuple[int, torch.Tensor]]] = {}
     for position, (image, header) in enumerate(zip(images, headers, strict=True)):
         factors = header.jpeg.chroma_factors if header.jpeg is not None else (1, 1)
@@ -270,7 +276,7 @@ def _as_libjpeg_upsamples(images: list[torch.Tensor | None], headers: list[Image
             groups.setdefault((tuple(image.shape), factors), []).append((position, image))
     interpolated = list(images)
     for (_, factors), members in groups.items():
-        fixed = chroma_upsampling.interpolated_chroma(torch.stack([image for _, image in members]), factors)
+        fixed = interpolate(torch.stack([image for _, image in members]), factors)
         for (position, _), image in zip(members, fixed, strict=True):
             interpolated[position] = image
     return interpolated

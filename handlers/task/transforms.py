@@ -13,6 +13,7 @@ from functools import lru_cache
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from handlers.task import resize_kernels
 from handlers.task.fixed_point_resize import resize_uint8
 
 
@@ -90,9 +91,35 @@ def preprocess_classification_batch(
     std: Sequence[float],
     device: torch.device,
     dtype: torch.dtype = torch.float32,
+    kernels: bool = False,
 ) -> torch.Tensor:
     """Decoded `uint8[3, H_i, W_i]` images -> one normalized `dtype[B, 3, crop, crop]` batch on
-    `device`. Raises ValueError for an empty sequence (a batch has at least one image)."""
+    `device`; with `kernels`, by handlers.task.resize_kernels (the same values, per size).
+    Raises ValueError for an empty sequence (a batch has at least one image)."""
     if not images:
         raise ValueError("preprocess_classification_batch needs at least one image")
+    if kernels:
+        return kernel_crops_normalized(images, resize_size, crop_size, mean, std, device, dtype)
     return normalize_batch(resized_crops(images, resize_size, crop_size, device), mean, std, dtype)
+
+
+def kernel_crops_normalized(images: Sequence[torch.Tensor], resize_size: int, crop_size: int,
+                            mean: Sequence[float], std: Sequence[float], device: torch.device,
+                            dtype: torch.dtype) -> torch.Tensor:
+    """`preprocess_classification_batch`'s batch from handlers.task.resize_kernels: each size's
+    images resized, cropped and normalized by two kernel launches, straight into the batch."""
+    mean_t, std_t = (values.view(-1) for values in channel_constants(tuple(mean), tuple(std), device))
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for index, image in enumerate(images):
+        by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
+    batches = []
+    for size_hw, indices in by_size.items():
+        same_size = stacked([images[index].to(device, non_blocking=True) for index in indices])
+        batches.append(resize_kernels.resized_crops_normalized(
+            same_size, resized_size_hw(size_hw, resize_size), crop_size, mean_t, std_t, dtype))
+    if len(batches) == 1:
+        return batches[0]
+    batch = torch.empty((len(images), *batches[0].shape[1:]), dtype=dtype, device=device)
+    for indices, part in zip(by_size.values(), batches, strict=True):
+        batch[indices] = part
+    return batch

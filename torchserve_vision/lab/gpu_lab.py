@@ -13,8 +13,9 @@ record (docs/benchmarks.md, "GPU").
 3. In-process on the same GPU, no handler (lab/gpu_reference.py): the classifier's model alone
    (autocast; half weights; half weights with its batch norms folded, as a worker runs it), the
    batched decode alone (torchvision's, nvImageCodec's), the CPU-exact resize alone (matrix
-   products, gathers), its plain pipeline from JPEG bytes to top-5, the detector's plain
-   pipeline and its network alone, for each detector.
+   products, gathers), the exact preprocessing of a 720x720 4:2:0 batch (chroma, resize, crop,
+   normalisation) by tensor operations and by the Triton kernels, its plain pipeline from JPEG
+   bytes to top-5, the detector's plain pipeline and its network alone, for each detector.
 4. The load generator (several processes: lab/process_load.py) against a trivial responder that
    is not TorchServe: its own ceiling.
 5. A TorchServe from the built archives (workers READY timed from the start), and on it: the echo
@@ -23,17 +24,17 @@ record (docs/benchmarks.md, "GPU").
    same weights at 1..16 workers (torch threads = cores / workers, batch and delay fixed), the
    best at the most clients measured at each load; each detector at each load.
 6. The levers of a GPU batch (`levers`, `syncs`, `echo_workers`): each archive variant of LEVERS
-   (`--levers` picks some: the classifier with CUDA graphs, with autocast over float32 weights
-   instead of half weights, with its batch norms unfolded, decoding with nvImageCodec, at 2 or 4
-   workers, at batch 128; the detector with torchvision's per-image postprocess instead of the
-   batched one, with nvImageCodec, at batch 16 with 1 worker or 64 with 2) served at the most
-   clients beside the base archive, with its workers' cycle split from their batch log
-   (`batch_ms`, `waited_ms`); in-process on the same GPU, for
-   the served models and each variant that changes the handler, the host synchronisations of
-   one batch (torch.cuda's sync debug mode), a torch.profiler trace of it (Chrome trace JSON in
-   the work directory, for what happens inside torchvision and nvJPEG) and the handler's own
-   images/s without TorchServe; the echo model at 2, 4 and 8 workers. `planned_s` estimates a
-   run's length before it starts.
+   (`--levers` picks some: the classifier with its preprocessing as Triton kernels, with CUDA
+   graphs, with autocast over float32 weights instead of half weights, with its batch norms
+   unfolded, decoding with nvImageCodec, at 2 or 4 workers, at batch 128; the detector with its
+   chroma by the Triton kernels, with torchvision's per-image postprocess instead of the batched
+   one, with nvImageCodec, at batch 16 with 1 worker or 64 with 2) served at the most clients
+   beside the base archive, with its workers' cycle split from their batch log (`batch_ms`,
+   `waited_ms`); in-process on the same GPU, for the served models and each variant that changes
+   the handler, the host synchronisations of one batch (torch.cuda's sync debug mode), a
+   torch.profiler trace of it (Chrome trace JSON in the work directory, for what happens inside
+   torchvision and nvJPEG) and the handler's own images/s without TorchServe; the echo model at
+   2, 4 and 8 workers. `planned_s` estimates a run's length before it starts.
 
 Load: one image per request, cycling through `images` distinct 720x720 JPEGs (4:2:0, quality 90)
 made from the project's photos. Without a GPU the same run rehearses on the CPU (slowly: use
@@ -74,6 +75,7 @@ from torchserve_vision.lab.gpu_reference import (
     decode_only,
     detector_network_only,
     detector_pipeline,
+    exact_preprocessing_only,
     images_per_s,
     model_only,
     resize_only,
@@ -102,6 +104,7 @@ LEVER_STEPS = ("syncs", "levers", "echo_workers")
 # `batch_16_1_worker` the earlier ones). Those decoding with nvImageCodec are measured where it is
 # installed.
 LEVERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    (CLASSIFIER, "preprocess_kernels", {"cuda_preprocess_kernels": True}),
     (CLASSIFIER, "graphs", {"cuda_graphs": True}),
     (CLASSIFIER, "autocast", {"cuda_half_weights": False}),
     (CLASSIFIER, "unfolded_batch_norm", {"cuda_fold_batch_norm": False}),
@@ -112,6 +115,7 @@ LEVERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (CLASSIFIER, "2_workers", {"serving": {"min_workers": 2, "max_workers": 2}}),
     (CLASSIFIER, "nvimgcodec_batch_128_4_workers", {"jpeg_decoder": "nvimgcodec", "serving": {
         "batch_size": 128, "min_workers": 4, "max_workers": 4}}),
+    (DETECTOR, "preprocess_kernels", {"cuda_preprocess_kernels": True}),
     (DETECTOR, "per_image_postprocess", {"detection": {"postprocess": "per-image"}}),
     (DETECTOR, "nvimgcodec", {"jpeg_decoder": "nvimgcodec"}),
     (DETECTOR, "batch_64_2_workers", {"serving": {"batch_size": 64, "min_workers": 2, "max_workers": 2}}),
@@ -256,6 +260,8 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
         "decode_torchvision": decode_only(jpegs, batches[:2], device, "torchvision"),
         "resize_matmul": resize_only(batches[:1], device, "matmul"),
         "resize_gathers": resize_only(batches[:1], device, "gathers"),
+        "preprocess_tensor_ops": exact_preprocessing_only(batches[:1], device, kernels=False),
+        "preprocess_kernels": exact_preprocessing_only(batches[:1], device, kernels=True),
         "classifier_pipeline": classifier_pipeline(network, jpegs, cls.resize_size, cls.input_size,
                                                    cls.mean, cls.std, precision, cls.channels_last,
                                                    batches[:2], device)}

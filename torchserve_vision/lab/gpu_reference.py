@@ -34,8 +34,12 @@ from torchvision.io import decode_jpeg
 
 from handlers.model.cuda_batches import batch_norm_folded, half_weights_dtype
 from handlers.model.model_loading import autocast
+from handlers.request import chroma_kernels
+from handlers.request.chroma_upsampling import H2V2, interpolated_chroma
 from handlers.request.jpeg_batches import JpegDecoder, decode_jpeg_run
+from handlers.task import resize_kernels
 from handlers.task.fixed_point_resize import ResampleMethod, resize_exact
+from handlers.task.transforms import channel_constants, normalize_batch
 
 
 def synchronize(device: torch.device) -> None:
@@ -112,6 +116,34 @@ def resize_only(batches: Sequence[int], device: torch.device, method: ResampleMe
 
         def step(_round: int, images: torch.Tensor = images) -> Any:
             return resize_exact(images, (resized, resized), method)
+
+        rates[batch] = images_per_s(step, batch, device)
+    return rates
+
+
+def exact_preprocessing_only(batches: Sequence[int], device: torch.device, kernels: bool,
+                             side: int = 720, resized: int = 256, crop: int = 224,
+                             dtype: torch.dtype = torch.float16) -> dict[int, float]:
+    """Images/s of a CUDA classifier's exact preprocessing after nvJPEG, uint8 `side` x `side`
+    batches already on the device: 4:2:0 chroma interpolated, resized to `resized`, centre crop
+    `crop`, normalised to `dtype`; by the Triton kernels (`kernels`) or the tensor operations."""
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    mean_t, std_t = (values.view(-1) for values in channel_constants(mean, std, device))
+    rates = {}
+    generator = torch.Generator().manual_seed(0)
+    for batch in batches:
+        images = torch.randint(0, 256, (batch, 3, side, side), dtype=torch.uint8,
+                               generator=generator).to(device)
+
+        def step(_round: int, images: torch.Tensor = images) -> Any:
+            if kernels:
+                fixed = chroma_kernels.interpolated_chroma(images, H2V2)
+                return resize_kernels.resized_crops_normalized(fixed, (resized, resized), crop,
+                                                               mean_t, std_t, dtype)
+            fixed = interpolated_chroma(images, H2V2)
+            start = round((resized - crop) / 2)
+            crops = resize_exact(fixed, (resized, resized))[..., start:start + crop, start:start + crop]
+            return normalize_batch(crops, mean, std, dtype)
 
         rates[batch] = images_per_s(step, batch, device)
     return rates

@@ -229,9 +229,11 @@ def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], l
     pixels = [headers[index].pixels for index in indices]
     for run in pixel_bounded_chunks(pixels, limits.max_decode_pixels_per_call):
         chosen = [indices[position] for position in run]
-        decoded = decode_jpeg_run([encoded[index] for index in chosen], device, decoder)
+        with torch.profiler.record_function("decode:jpeg_call"):     # ranges for lab gpu's profile
+            decoded = decode_jpeg_run([encoded[index] for index in chosen], device, decoder)
         if decoder_repeats_chroma(device, decoder):
-            decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen], chroma_kernels)
+            with torch.profiler.record_function("decode:chroma"):
+                decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen], chroma_kernels)
         for index, image in zip(chosen, decoded, strict=True):
             header = headers[index]
             results[index] = (oriented(image, header.orientation) if image is not None

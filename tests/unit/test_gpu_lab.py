@@ -11,11 +11,13 @@ import pytest
 import torch
 from torch import nn
 
+from handlers.batch.batch_record import BatchRecord
 from handlers.model.answer_agreement import DEVICE_BOUND, PROBABILITY_BOUNDS
 from handlers.request.image_header import read_header
 from torchserve_vision.lab.benchmark_images import distinct_jpegs
 from torchserve_vision.lab.device_answers import STORED_TURNED, agreement, answer_check_images
-from torchserve_vision.lab.gpu_reference import classifier_pipeline, model_only
+from torchserve_vision.lab.gpu_lab import range_times
+from torchserve_vision.lab.gpu_reference import classifier_pipeline, model_only, parse_dmon
 from torchserve_vision.lab.process_load import run_processes, trivial_responder
 
 
@@ -120,3 +122,33 @@ def test_a_runs_plan_adds_up_its_loads_and_overheads():
         gpu_lab.SERVER_OVERHEAD_S + 3 * (6 + gpu_lab.VARIANT_OVERHEAD_S))
     everything = gpu_lab.GpuLabSettings(Path("."), duration_s=5, warm_up_s=1)
     assert gpu_lab.planned_s(everything, descriptions) > gpu_lab.planned_s(only_levers, descriptions)
+
+
+def test_a_profiled_batch_is_split_by_the_handlers_ranges():
+    """The batch record's stages and the decode's own ranges come out of torch.profiler by name,
+    with the host's time inside each (the GPU's is 0 on a CPU)."""
+    record = BatchRecord("m", "1")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        for _ in range(2):
+            with record.timing("decode"), torch.profiler.record_function("decode:chroma"):
+                torch.ones(1000).cumsum(0)
+        with record.timing("inference"):
+            torch.ones(10).sum()
+        with torch.profiler.record_function("elsewhere"):
+            torch.ones(10).sum()
+    ranges = range_times(profiler.key_averages())
+    assert set(ranges) == {"stage:decode", "decode:chroma", "stage:inference"}
+    assert ranges["stage:decode"]["calls"] == 2
+    assert ranges["stage:decode"]["host_ms"] >= ranges["decode:chroma"]["host_ms"] > 0
+    assert ranges["stage:inference"]["device_ms"] == 0
+
+
+def test_nvidia_smi_dmon_samples_are_read_by_their_header():
+    """Two header lines, then one row per second; a column a GPU lacks reads "-"."""
+    text = ("# gpu     sm    mem    enc    dec    jpg    ofa \n"
+            "# Idx      %      %      %      %      %      % \n"
+            "    0     35     10      0      0     42      - \n"
+            "    0     61     12      0      0     77      - \n")
+    assert parse_dmon(text) == [{"sm": 35, "mem": 10, "enc": 0, "dec": 0, "jpg": 42},
+                                {"sm": 61, "mem": 12, "enc": 0, "dec": 0, "jpg": 77}]
+    assert parse_dmon("") == []

@@ -132,8 +132,10 @@ def test_a_batch_of_several_sizes_by_the_kernels_is_the_tensor_operations_batch(
               for index, size in enumerate([(300, 400), (256, 256), (300, 400), (400, 300)])]
     device = torch.device("cpu")
     for dtype in (torch.float32, torch.float16):
-        by_kernels = preprocess_classification_batch(images, 256, 224, MEAN, STD, device, dtype, kernels=True)
-        assert torch.equal(by_kernels, preprocess_classification_batch(images, 256, 224, MEAN, STD, device, dtype))
+        by_kernels = preprocess_classification_batch(images, 256, 224, MEAN, STD, device, dtype,
+                                                     kernels=True)
+        by_ops = preprocess_classification_batch(images, 256, 224, MEAN, STD, device, dtype)
+        assert torch.equal(by_kernels, by_ops)
 
 
 def test_the_batched_decode_interpolates_chroma_by_the_kernels_when_asked(monkeypatch):

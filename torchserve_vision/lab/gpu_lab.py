@@ -12,10 +12,11 @@ record (docs/benchmarks.md, "GPU").
    from the CPU's decoded pixels and, where it is installed, decoded by nvImageCodec.
 3. In-process on the same GPU, no handler (lab/gpu_reference.py): the classifier's model alone
    (autocast; half weights; half weights with its batch norms folded, as a worker runs it), the
-   batched decode alone (torchvision's, nvImageCodec's), the CPU-exact resize alone (matrix
-   products, gathers), the exact preprocessing of a 720x720 4:2:0 batch (chroma, resize, crop,
-   normalisation) by tensor operations and by the Triton kernels, its plain pipeline from JPEG
-   bytes to top-5, the detector's plain pipeline and its network alone, for each detector.
+   batched decode alone (torchvision's, nvImageCodec's; and for 4 s under `nvidia-smi dmon`,
+   whether it runs on the JPEG engines), the CPU-exact resize alone (matrix products, gathers),
+   the exact preprocessing of a 720x720 4:2:0 batch (chroma, resize, crop, normalisation) by
+   tensor operations and by the Triton kernels, its plain pipeline from JPEG bytes to top-5, the
+   detector's plain pipeline and its network alone, for each detector.
 4. The load generator (several processes: lab/process_load.py) against a trivial responder that
    is not TorchServe: its own ceiling.
 5. A TorchServe from the built archives (workers READY timed from the start), and on it: the echo
@@ -72,6 +73,7 @@ from torchserve_vision.lab.device_answers import answer_check_images, compare_de
 from torchserve_vision.lab.echo_archive import ECHO_QUEUED, build_echo_archive
 from torchserve_vision.lab.gpu_reference import (
     classifier_pipeline,
+    decode_engine_use,
     decode_only,
     detector_network_only,
     detector_pipeline,
@@ -265,8 +267,10 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
         "classifier_pipeline": classifier_pipeline(network, jpegs, cls.resize_size, cls.input_size,
                                                    cls.mean, cls.std, precision, cls.channels_last,
                                                    batches[:2], device)}
+    result["decode_engines_torchvision"] = decode_engine_use(jpegs, batches[0], device, "torchvision")
     if nvimgcodec_decoder.available():
         result["decode_nvimgcodec"] = decode_only(jpegs, batches[:2], device, "nvimgcodec")
+        result["decode_engines_nvimgcodec"] = decode_engine_use(jpegs, batches[0], device, "nvimgcodec")
     for name, prefix in ((DETECTOR, "detector"), (COCO_DETECTOR, "coco_detector")):
         if not (store / f"{name}-1.0.mar").exists():
             continue
@@ -525,13 +529,34 @@ def batch_synchronisations(store: Path, work: Path, jpegs: Sequence[bytes], devi
         with torch.profiler.profile(activities=activities, with_stack=True) as profiler:
             run_batch()
         profiler.export_chrome_trace(str(trace))
+        ranges = range_times(profiler.key_averages())
         rate = images_per_s(timed_batch, batch, device, repeats=HANDLER_BATCH_REPEATS,
                             warm_up=HANDLER_BATCH_WARM_UP)
         results[description.name] = {"batch": len(rows), "synchronisations": counted,
-                                     "trace": str(trace), "handler_images_per_s": rate}
+                                     "trace": str(trace), "handler_images_per_s": rate,
+                                     "ranges_ms": ranges}
         say(f"syncs {description.name}: {counted} in a batch of {len(rows)} (trace {trace}); "
             f"its handler in-process {rate:.0f} images/s")
     return results
+
+
+# The handler's profiler ranges (handlers/batch/batch_record.py's stages, the decode call and the
+# chroma interpolation in handlers/request/decode.py).
+RANGE_PREFIXES = ("stage:", "decode:")
+
+
+def range_times(averages: Sequence[Any]) -> dict[str, dict[str, float]]:
+    """Per handler range of one profiled batch: the host's time inside it and the GPU time of the
+    kernels launched inside it (torch.profiler's key averages, in ms; 0 on a CPU)."""
+    times = {}
+    for average in averages:
+        if average.key.startswith(RANGE_PREFIXES):
+            device_us = getattr(average, "device_time_total", None)
+            if device_us is None:
+                device_us = getattr(average, "cuda_time_total", 0.0)
+            times[average.key] = {"host_ms": round(average.cpu_time_total / 1000, 3),
+                                  "device_ms": round(device_us / 1000, 3), "calls": average.count}
+    return times
 
 
 def echo_at_workers(client: TorchServeClient, store: Path, jpegs: Sequence[bytes], work: Path,

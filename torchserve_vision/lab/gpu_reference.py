@@ -23,6 +23,8 @@ cycling through distinct images.
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -102,6 +104,54 @@ def decode_only(jpegs: Sequence[bytes], batches: Sequence[int], device: torch.de
 
         rates[batch] = images_per_s(step, batch, device)
     return rates
+
+
+def parse_dmon(text: str) -> list[dict[str, int]]:
+    """`nvidia-smi dmon -s u` output -> one {column: percent} per sample (the columns as its
+    header names them: sm, mem, enc, dec, jpg, ofa; a "-" left out)."""
+    columns: list[str] = []
+    samples = []
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if fields[0] == "#":
+            if not columns:
+                columns = fields[1:]
+            continue
+        if columns and len(fields) == len(columns):
+            samples.append({name: int(value) for name, value in zip(columns, fields, strict=True)
+                            if value.lstrip("-").isdigit() and name != "gpu"})
+    return samples
+
+
+def decode_engine_use(jpegs: Sequence[bytes], batch: int, device: torch.device, decoder: JpegDecoder,
+                      seconds: float = 4.0) -> dict[str, Any]:
+    """Batched decode calls of `decoder` back to back for `seconds` while `nvidia-smi dmon -s u`
+    samples the GPU once a second: the busiest sample of each engine (sm, dec, jpg: whether the
+    decode runs on the JPEG engines) and the images decoded per second meanwhile."""
+    if device.type != "cuda" or shutil.which("nvidia-smi") is None:
+        return {"measured": False, "why": "needs a CUDA device and nvidia-smi"}
+    monitor = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-d", "1", "-i", str(device.index or 0)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    decoded = 0
+    started = time.perf_counter()
+    try:
+        while time.perf_counter() - started < seconds:
+            start = decoded % len(jpegs)
+            chosen = [jpegs[(start + offset) % len(jpegs)] for offset in range(batch)]
+            decode_jpeg_run(chosen, device, decoder)
+            decoded += batch
+        synchronize(device)
+        elapsed = time.perf_counter() - started
+    finally:
+        monitor.terminate()
+        output, _ = monitor.communicate(timeout=10)
+    samples = parse_dmon(output)
+    busiest = {name: max(sample.get(name, 0) for sample in samples) for name in ("sm", "dec", "jpg")} \
+        if samples else {}
+    return {"measured": bool(samples), "samples": len(samples), "busiest_percent": busiest,
+            "images_per_s": decoded / elapsed, "on_jpeg_engines": busiest.get("jpg", 0) > 0}
 
 
 def resize_only(batches: Sequence[int], device: torch.device, method: ResampleMethod,

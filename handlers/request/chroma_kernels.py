@@ -31,7 +31,7 @@ H2V1 = (2, 1)
 
 if triton is not None:
     @triton.jit
-    def _block_samples_kernel(images, samples, height, width, block_rows, block_cols,
+    def _block_samples_kernel(images, samples, height, width, block_rows, block_cols,  # type: ignore[no-untyped-def]
                               image_stride, channel_stride, row_stride,
                               V: tl.constexpr, BLOCK_SIZE: tl.constexpr):
         """samples[n, 0|1, by, bx] = the (Cb, Cr) of the block's mean RGB, rounded half to even."""
@@ -74,7 +74,7 @@ if triton is not None:
             tl.store(out + plane * blocks, sample, mask=inside)
 
     @triton.jit
-    def _chroma_fix_kernel(images, samples, out, height, width, block_rows, block_cols,
+    def _chroma_fix_kernel(images, samples, out, height, width, block_rows, block_cols,  # type: ignore[no-untyped-def]
                            image_stride, channel_stride, row_stride,
                            V: tl.constexpr, BLOCK_SIZE: tl.constexpr):
         """out = each pixel's RGB plus the change from its block's chroma sample to libjpeg's

@@ -27,7 +27,7 @@ KERNEL_OUTPUTS = (torch.float32, torch.float16)
 
 if triton is not None:
     @triton.jit
-    def _resample_kernel(source, target, first, weights, channels,
+    def _resample_kernel(source, target, first, weights, channels,  # type: ignore[no-untyped-def]
                          source_image, source_channel, source_other, source_position,
                          target_image, target_channel, target_other, target_position,
                          others, positions, source_length, precision,

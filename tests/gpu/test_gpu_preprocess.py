@@ -44,7 +44,7 @@ def random_batch(count: int, height: int, width: int, seed: int) -> torch.Tensor
 @pytest.mark.parametrize("input_hw", [(720, 720), (427, 640), (1080, 1440)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 def test_the_compiled_resize_kernels_give_the_cpus_values(device, input_hw, dtype):
-    images = random_batch(8, *input_hw, seed=sum(input_hw))
+    images = random_batch(8, input_hw[0], input_hw[1], seed=sum(input_hw))
     resized_hw = resized_size_hw(input_hw, 256)
     cpu_crops = F.center_crop(resize_uint8(images, resized_hw), [224, 224])
     expected = normalize_batch(cpu_crops, MEAN, STD, dtype)

@@ -147,7 +147,8 @@ def test_the_batched_decode_interpolates_chroma_by_the_kernels_when_asked(monkey
     by_ops = [result for result, _ in decode_with_headers(encoded, ImageLimits())]
     by_kernels = [result for result, _ in decode_with_headers(encoded, ImageLimits(), chroma_kernels=True)]
     for ops, kernels in zip(by_ops, by_kernels, strict=True):
-        assert isinstance(kernels, torch.Tensor) and torch.equal(kernels, ops)
+        assert isinstance(kernels, torch.Tensor) and isinstance(ops, torch.Tensor)
+        assert torch.equal(kernels, ops)
 
 
 def test_the_archive_setting_is_a_switch():

@@ -551,9 +551,9 @@ def range_times(averages: Sequence[Any]) -> dict[str, dict[str, float]]:
     times = {}
     for average in averages:
         if average.key.startswith(RANGE_PREFIXES):
-            device_us = getattr(average, "device_time_total", None)
-            if device_us is None:
-                device_us = getattr(average, "cuda_time_total", 0.0)
+            # torch >= 2.4 names the GPU's total device_time_total (the GPU host's 2.11 too)
+            name = "device_time_total" if hasattr(average, "device_time_total") else "cuda_time_total"
+            device_us = float(getattr(average, name, 0.0))
             times[average.key] = {"host_ms": round(average.cpu_time_total / 1000, 3),
                                   "device_ms": round(device_us / 1000, 3), "calls": average.count}
     return times

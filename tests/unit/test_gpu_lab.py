@@ -16,7 +16,7 @@ from handlers.model.answer_agreement import DEVICE_BOUND, PROBABILITY_BOUNDS
 from handlers.request.image_header import read_header
 from torchserve_vision.lab.benchmark_images import distinct_jpegs
 from torchserve_vision.lab.device_answers import STORED_TURNED, agreement, answer_check_images
-from torchserve_vision.lab.gpu_lab import range_times
+from torchserve_vision.lab.gpu_lab import as_text, range_times
 from torchserve_vision.lab.gpu_reference import classifier_pipeline, model_only, parse_dmon
 from torchserve_vision.lab.process_load import run_processes, trivial_responder
 
@@ -152,3 +152,17 @@ def test_nvidia_smi_dmon_samples_are_read_by_their_header():
     assert parse_dmon(text) == [{"sm": 35, "mem": 10, "enc": 0, "dec": 0, "jpg": 42},
                                 {"sm": 61, "mem": 12, "enc": 0, "dec": 0, "jpg": 77}]
     assert parse_dmon("") == []
+
+
+def test_the_text_summary_lists_rates_and_the_jpeg_engines_apart():
+    """In-process rates per batch, then the decode-only runs' engine use, measured or not."""
+    engines = {"measured": True, "samples": 4, "busiest_percent": {"sm": 20, "dec": 0, "jpg": 55},
+               "images_per_s": 9000.0, "on_jpeg_engines": True}
+    record = {"machine": {"device": "cpu", "torch": "2", "torchvision": "0", "cpus": 2},
+              "in_process": {"decode_torchvision": {64: 1000.0}, "decode_engines_torchvision": engines,
+                             "decode_engines_nvimgcodec": {"measured": False, "why": "needs a CUDA device"}}}
+    text = as_text(record)
+    assert "decode_torchvision b64 1000" in text and "decode_engines_torchvision b" not in text
+    assert "decode_engines_torchvision: busiest sample {'sm': 20, 'dec': 0, 'jpg': 55} over 4 s" in text
+    assert "on the JPEG engines: True" in text
+    assert "decode_engines_nvimgcodec: not measured (needs a CUDA device)" in text

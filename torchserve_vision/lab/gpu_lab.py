@@ -263,14 +263,15 @@ def in_process(store: Path, work: Path, jpegs: Sequence[bytes], device: torch.de
         "resize_matmul": resize_only(batches[:1], device, "matmul"),
         "resize_gathers": resize_only(batches[:1], device, "gathers"),
         "preprocess_tensor_ops": exact_preprocessing_only(batches[:1], device, kernels=False),
-        "preprocess_kernels": exact_preprocessing_only(batches[:1], device, kernels=True),
         "classifier_pipeline": classifier_pipeline(network, jpegs, cls.resize_size, cls.input_size,
                                                    cls.mean, cls.std, precision, cls.channels_last,
                                                    batches[:2], device)}
-    result["decode_engines_torchvision"] = decode_engine_use(jpegs, batches[0], device, "torchvision")
+    if device.type == "cuda":     # on a CPU Triton's interpreter runs them: minutes, and meaningless
+        result["preprocess_kernels"] = exact_preprocessing_only(batches[:1], device, kernels=True)
+    result[f"{ENGINE_USE}torchvision"] = decode_engine_use(jpegs, batches[0], device, "torchvision")
     if nvimgcodec_decoder.available():
         result["decode_nvimgcodec"] = decode_only(jpegs, batches[:2], device, "nvimgcodec")
-        result["decode_engines_nvimgcodec"] = decode_engine_use(jpegs, batches[0], device, "nvimgcodec")
+        result[f"{ENGINE_USE}nvimgcodec"] = decode_engine_use(jpegs, batches[0], device, "nvimgcodec")
     for name, prefix in ((DETECTOR, "detector"), (COCO_DETECTOR, "coco_detector")):
         if not (store / f"{name}-1.0.mar").exists():
             continue
@@ -677,6 +678,16 @@ def run_gpu_lab(settings: GpuLabSettings,
     return record
 
 
+ENGINE_USE = "decode_engines_"       # in-process entries of decode_engine_use, not rates
+
+
+def engine_use_line(name: str, use: dict[str, Any]) -> str:
+    if not use["measured"]:
+        return f"{name}: not measured ({use['why']})"
+    return (f"{name}: busiest sample {use['busiest_percent']} over {use['samples']} s, "
+            f"{use['images_per_s']:.0f} images/s, on the JPEG engines: {use['on_jpeg_engines']}")
+
+
 def as_text(record: dict[str, Any]) -> str:
     """The record as lines; a step that did not run or failed is left out (see "failed")."""
     lines = [f"lab gpu: {record['machine']['device']}, torch {record['machine']['torch']}, "
@@ -689,7 +700,9 @@ def as_text(record: dict[str, Any]) -> str:
     if "in_process" in record:
         lines.append("in-process images/s: " + "; ".join(
             f"{name} " + ", ".join(f"b{batch} {rate:.0f}" for batch, rate in rates.items())
-            for name, rates in record["in_process"].items()))
+            for name, rates in record["in_process"].items() if not name.startswith(ENGINE_USE)))
+        lines.extend(engine_use_line(name, use) for name, use in record["in_process"].items()
+                     if name.startswith(ENGINE_USE))
     if "load_generator" in record:
         lines.append(f"load generator ceiling (trivial responder): "
                      f"{record['load_generator']['images_per_s']:.0f}/s")

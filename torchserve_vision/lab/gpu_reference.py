@@ -148,9 +148,10 @@ def decode_engine_use(jpegs: Sequence[bytes], batch: int, device: torch.device, 
         monitor.terminate()
         output, _ = monitor.communicate(timeout=10)
     samples = parse_dmon(output)
-    busiest = {name: max(sample.get(name, 0) for sample in samples) for name in ("sm", "dec", "jpg")} \
-        if samples else {}
-    return {"measured": bool(samples), "samples": len(samples), "busiest_percent": busiest,
+    if not samples:
+        return {"measured": False, "why": "nvidia-smi dmon printed no samples"}
+    busiest = {name: max(sample.get(name, 0) for sample in samples) for name in ("sm", "dec", "jpg")}
+    return {"measured": True, "samples": len(samples), "busiest_percent": busiest,
             "images_per_s": decoded / elapsed, "on_jpeg_engines": busiest.get("jpg", 0) > 0}
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-import torch
+from handlers.ground.profiler_ranges import profiled_range
 
 STAGES = ("cache", "decode", "preprocess", "inference", "postprocess")
 
@@ -46,7 +46,7 @@ class BatchRecord:
         kernels it launches is counted where they were launched (`lab gpu`'s syncs step)."""
         started = time.perf_counter()
         try:
-            with torch.profiler.record_function(f"stage:{stage}"):
+            with profiled_range(f"stage:{stage}"):
                 yield
         finally:
             self.stage_ms[stage] += (time.perf_counter() - started) * 1000

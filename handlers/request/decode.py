@@ -45,6 +45,7 @@ from torchvision.transforms.v2.functional import to_dtype
 
 from handlers.ground.errors import ClientError
 from handlers.ground.limits import ImageLimits
+from handlers.ground.profiler_ranges import profiled_range
 from handlers.request import chroma_kernels, chroma_upsampling
 from handlers.request.image_header import (
     ACCEPTED_FORMATS,
@@ -229,10 +230,10 @@ def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], l
     pixels = [headers[index].pixels for index in indices]
     for run in pixel_bounded_chunks(pixels, limits.max_decode_pixels_per_call):
         chosen = [indices[position] for position in run]
-        with torch.profiler.record_function("decode:jpeg_call"):     # ranges for lab gpu's profile
+        with profiled_range("decode:jpeg_call"):     # ranges for lab gpu's profile
             decoded = decode_jpeg_run([encoded[index] for index in chosen], device, decoder)
         if decoder_repeats_chroma(device, decoder):
-            with torch.profiler.record_function("decode:chroma"):
+            with profiled_range("decode:chroma"):
                 decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen], chroma_kernels)
         for index, image in zip(chosen, decoded, strict=True):
             header = headers[index]

@@ -39,9 +39,7 @@ def resized_crops(images: Sequence[torch.Tensor], resize_size: int, crop_size: i
                   device: torch.device) -> torch.Tensor:
     """Decoded `uint8[3, H_i, W_i]` images -> `uint8[B, 3, crop, crop]` on `device`, in order:
     `resize_and_center_crop` once per distinct size."""
-    by_size: dict[tuple[int, int], list[int]] = {}
-    for index, image in enumerate(images):
-        by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
+    by_size = indices_by_size(images)
     if len(by_size) == 1:       # one size: no scatter into a batch (an index made on the host)
         return resize_and_center_crop(stacked([image.to(device, non_blocking=True) for image in images]),
                                       resize_size, crop_size)
@@ -50,6 +48,14 @@ def resized_crops(images: Sequence[torch.Tensor], resize_size: int, crop_size: i
         same_size = stacked([images[index].to(device, non_blocking=True) for index in indices])
         crops[indices] = resize_and_center_crop(same_size, resize_size, crop_size)
     return crops
+
+
+def indices_by_size(images: Sequence[torch.Tensor]) -> dict[tuple[int, int], list[int]]:
+    """The images' indices grouped by their (height, width), sizes in order of first appearance."""
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for index, image in enumerate(images):
+        by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
+    return by_size
 
 
 def stacked(images: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -109,9 +115,7 @@ def kernel_crops_normalized(images: Sequence[torch.Tensor], resize_size: int, cr
     """`preprocess_classification_batch`'s batch from handlers.task.resize_kernels: each size's
     images resized, cropped and normalized by two kernel launches, straight into the batch."""
     mean_t, std_t = (values.view(-1) for values in channel_constants(tuple(mean), tuple(std), device))
-    by_size: dict[tuple[int, int], list[int]] = {}
-    for index, image in enumerate(images):
-        by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
+    by_size = indices_by_size(images)
     batches = []
     for size_hw, indices in by_size.items():
         same_size = stacked([images[index].to(device, non_blocking=True) for index in indices])

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from handlers.model.answer_agreement import probability_bound
-from tests.answers import default_classifier
 from tests.archives import archive_context, stage_model_dir
 from tests.detections import assert_identical_but_tie_order, rows_from_answer
 from torchserve_vision import paths
@@ -64,15 +63,6 @@ def test_the_batched_detector_postprocess_answers_as_torchvisions_on_the_device(
     for ours, theirs in zip(answers(handlers["batched"], rows), expected, strict=True):
         assert_identical_but_tie_order(rows_from_answer(ours), rows_from_answer(theirs))
     assert sum(map(len, expected)) > 0
-
-
-@pytest.fixture(scope="module")
-def lite0_fp16(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import dataclasses
-
-    description = dataclasses.replace(default_classifier(), handler_options={
-        **default_classifier().handler_options, "precision": "fp16"})
-    return stage_model_dir(description, tmp_path_factory.mktemp("lite0-fp16"), "gpu")
 
 
 def test_cuda_graphs_answer_as_the_same_archive_without_them(lite0_fp16, gpu_id):

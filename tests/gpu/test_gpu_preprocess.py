@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +24,6 @@ from handlers.request.chroma_upsampling import H2V1, H2V2, interpolated_chroma
 from handlers.task import resize_kernels
 from handlers.task.fixed_point_resize import resize_uint8
 from handlers.task.transforms import channel_constants, normalize_batch, resized_size_hw
-from tests.answers import default_classifier
-from tests.archives import stage_model_dir
 from tests.gpu.test_gpu_batches import answers
 from torchserve_vision.lab.benchmark_images import distinct_jpegs
 from torchserve_vision.local_handler import load_handler
@@ -60,19 +57,10 @@ def test_the_compiled_chroma_kernels_give_the_cpus_values(device, factors):
     assert torch.equal(got.cpu(), interpolated_chroma(images, factors))
 
 
-@pytest.fixture(scope="module")
-def lite0_fp16_gpu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import dataclasses
-
-    description = dataclasses.replace(default_classifier(), handler_options={
-        **default_classifier().handler_options, "precision": "fp16"})
-    return stage_model_dir(description, tmp_path_factory.mktemp("lite0-fp16-kernels"), "gpu")
-
-
-def test_the_preprocessing_kernels_answer_exactly_as_the_tensor_operations(lite0_fp16_gpu, gpu_id):
+def test_the_preprocessing_kernels_answer_exactly_as_the_tensor_operations(lite0_fp16, gpu_id):
     """The same network input, so the same answers, to the last digit."""
-    by_ops = load_handler(lite0_fp16_gpu, 16, gpu_id, {"cuda_preprocess_kernels": False})
-    by_kernels = load_handler(lite0_fp16_gpu, 16, gpu_id, {"cuda_preprocess_kernels": True})
+    by_ops = load_handler(lite0_fp16, 16, gpu_id, {"cuda_preprocess_kernels": False})
+    by_kernels = load_handler(lite0_fp16, 16, gpu_id, {"cuda_preprocess_kernels": True})
     rows = [{"body": bytearray(jpeg)} for jpeg in distinct_jpegs(16, seed=5)]
     assert answers(by_kernels, rows) == answers(by_ops, rows)
 
@@ -106,14 +94,14 @@ CAPPED_BATCH = textwrap.dedent("""
 """)
 
 
-def test_a_batch_that_does_not_fit_in_the_devices_memory_is_answered_whole(lite0_fp16_gpu, device, gpu_id):
+def test_a_batch_that_does_not_fit_in_the_devices_memory_is_answered_whole(lite0_fp16, device, gpu_id):
     """The worker's memory capped (torch.cuda.set_per_process_memory_fraction) at what it holds
     plus three images' worth: a batch of 32 runs out of memory, is split and retried, and every
     request gets its 200 and the best class it gets alone."""
     if device.type != "cuda":
         pytest.skip("a memory cap is a CUDA allocator's; the split itself is tested on the CPU "
                     "in tests/unit (answer_items with a model that raises OutOfMemoryError)")
-    done = subprocess.run([sys.executable, "-c", CAPPED_BATCH, str(lite0_fp16_gpu), str(gpu_id), "32"],
+    done = subprocess.run([sys.executable, "-c", CAPPED_BATCH, str(lite0_fp16), str(gpu_id), "32"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

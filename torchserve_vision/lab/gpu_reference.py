@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torchvision.io import decode_jpeg
+from torchvision.transforms.v2.functional import center_crop
 
 from handlers.model.cuda_batches import batch_norm_folded, half_weights_dtype
 from handlers.model.model_loading import autocast
@@ -159,6 +160,14 @@ def resize_only(batches: Sequence[int], device: torch.device, method: ResampleMe
                 side: int = 720, resized: int = 256) -> dict[int, float]:
     """Images/s of `resize_exact` (`method`) from `side` x `side` to `resized` x `resized`, uint8
     batches already on the device."""
+    return on_random_batches(batches, device, side,
+                             lambda images: resize_exact(images, (resized, resized), method))
+
+
+def on_random_batches(batches: Sequence[int], device: torch.device, side: int,
+                      work: Callable[[torch.Tensor], Any]) -> dict[int, float]:
+    """Images/s of `work` on random uint8 `[batch, 3, side, side]` images already on the device,
+    per batch size."""
     rates = {}
     generator = torch.Generator().manual_seed(0)
     for batch in batches:
@@ -166,7 +175,7 @@ def resize_only(batches: Sequence[int], device: torch.device, method: ResampleMe
                                generator=generator).to(device)
 
         def step(_round: int, images: torch.Tensor = images) -> Any:
-            return resize_exact(images, (resized, resized), method)
+            return work(images)
 
         rates[batch] = images_per_s(step, batch, device)
     return rates
@@ -180,24 +189,17 @@ def exact_preprocessing_only(batches: Sequence[int], device: torch.device, kerne
     `crop`, normalised to `dtype`; by the Triton kernels (`kernels`) or the tensor operations."""
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     mean_t, std_t = (values.view(-1) for values in channel_constants(mean, std, device))
-    rates = {}
-    generator = torch.Generator().manual_seed(0)
-    for batch in batches:
-        images = torch.randint(0, 256, (batch, 3, side, side), dtype=torch.uint8,
-                               generator=generator).to(device)
 
-        def step(_round: int, images: torch.Tensor = images) -> Any:
-            if kernels:
-                fixed = chroma_kernels.interpolated_chroma(images, H2V2)
-                return resize_kernels.resized_crops_normalized(fixed, (resized, resized), crop,
-                                                               mean_t, std_t, dtype)
-            fixed = interpolated_chroma(images, H2V2)
-            start = round((resized - crop) / 2)
-            crops = resize_exact(fixed, (resized, resized))[..., start:start + crop, start:start + crop]
-            return normalize_batch(crops, mean, std, dtype)
+    def step(images: torch.Tensor) -> Any:
+        if kernels:
+            fixed = chroma_kernels.interpolated_chroma(images, H2V2)
+            return resize_kernels.resized_crops_normalized(fixed, (resized, resized), crop,
+                                                           mean_t, std_t, dtype)
+        resized_images = resize_exact(interpolated_chroma(images, H2V2), (resized, resized))
+        crops = center_crop(resized_images, [crop, crop])
+        return normalize_batch(crops, mean, std, dtype)
 
-        rates[batch] = images_per_s(step, batch, device)
-    return rates
+    return on_random_batches(batches, device, side, step)
 
 
 def detector_network_only(network: Any, precision: str, batches: Sequence[int],

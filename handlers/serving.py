@@ -48,6 +48,7 @@ from handlers.model.model_loading import resolve_device
 from handlers.model.runner_selection import RunnerChoice
 from handlers.model.settings import parse_log_batches, parse_torch_threads
 from handlers.protocol_stage import ProtocolStage
+from handlers.request import chroma_kernels
 from handlers.request.decode import DecodeResult, decode_with_headers, warm_up_decoder
 from handlers.request.image_header import ImageHeader
 from handlers.request.inference_protocol import (
@@ -195,6 +196,8 @@ class BatchedImageHandler(ABC, Generic[Options, ModelInput, ModelOutput, Setting
         if warm_up_decoder(self.settings.limits, self.device, self.settings.jpeg_decoder):
             logger.info("decoder: %s's batched JPEG decoder repeats 4:2:0 and 4:2:2 chroma; it is "
                         "interpolated after decoding as the CPU's libjpeg-turbo does", self.device)
+            if self.settings.cuda_preprocess_kernels:
+                chroma_kernels.warm_up(self.device)
         ready = time.perf_counter()
         logger.info(
             "worker ready model=%s version=%s device=%s runner=%s max_batch_size=%d load_ms=%.0f "

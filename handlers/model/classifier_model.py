@@ -21,6 +21,7 @@ from handlers.model.host_batches import loads_of
 from handlers.model.model_loading import autocast, load_for_serving
 from handlers.model.runner_selection import EAGER, RunnerChoice, choose_runner
 from handlers.model.settings import ClassifierSettings
+from handlers.task import resize_kernels
 from handlers.task.transforms import preprocess_classification_batch
 
 
@@ -92,8 +93,11 @@ class ClassifierModel:
         """Run batch 1 and `batch_size` (the compiled package's dynamic dimension at both ends).
         A CUDA worker's eager network runs its batches in buckets from here on (and, with the
         archive's `cuda_graphs`, replays a graph per bucket): each bucket is run, or captured,
-        now (handlers.model.cuda_batches)."""
+        now (handlers.model.cuda_batches). The preprocessing kernels, where they serve, are
+        compiled first (handlers.task.resize_kernels.warm_up)."""
         size = self.settings.input_size
+        if self.preprocess_kernels:
+            resize_kernels.warm_up(self.device, self.input_dtype)
         with torch.inference_mode():
             if self.device.type == "cuda" and self.runner.runner == EAGER:
                 self.run = self.bucketed(batch_size)

@@ -35,6 +35,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import torch
+from timm.layers import create_conv2d
 from torch import nn
 from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.ssd import SSD, SSDHead
@@ -63,27 +64,15 @@ NMS_IOU_THRESHOLD = 0.6
 MAX_DETECTIONS = 100
 
 
-class SameConv2d(nn.Conv2d):
-    """A convolution padded as TensorFlow's "SAME" padding does: the output side is
-    ceil(input / stride), and an odd total padding puts its extra row and column after."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        padding = []
-        for size, kernel, stride in zip(reversed(x.shape[-2:]), reversed(self.kernel_size),
-                                        reversed(self.stride), strict=True):
-            total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
-            padding += [total // 2, total - total // 2]
-        return self._conv_forward(nn.functional.pad(x, padding), self.weight, self.bias)
-
-
 def same_padded(conv: nn.Conv2d) -> nn.Conv2d:
-    """`conv` as a SameConv2d with the same parameters (no padding of its own)."""
-    def pair(value: tuple[int, ...]) -> tuple[int, int]:
-        return value[0], value[1]
-
-    return SameConv2d(conv.in_channels, conv.out_channels, pair(conv.kernel_size), pair(conv.stride), 0,
-                      pair(conv.dilation), conv.groups, conv.bias is not None, device=conv.weight.device,
-                      dtype=conv.weight.dtype)
+    """`conv` with TensorFlow's "SAME" padding and the same parameters, by timm's
+    `create_conv2d(padding="same")`: a fixed symmetric padding where "SAME" is one (stride 1, an
+    odd kernel), else timm's `Conv2dSame`, which pads each input for its size (the output side
+    is ceil(input / stride); an odd total padding puts its extra row and column after)."""
+    (kernel, _), (stride, _), (dilation, _) = conv.kernel_size, conv.stride, conv.dilation
+    return create_conv2d(conv.in_channels, conv.out_channels, kernel, stride=stride, dilation=dilation,
+                         groups=conv.groups, bias=conv.bias is not None, padding="same",
+                         device=conv.weight.device, dtype=conv.weight.dtype)
 
 
 def with_same_padding(module: ModuleType) -> ModuleType:

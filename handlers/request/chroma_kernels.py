@@ -23,14 +23,20 @@ from handlers.ground.triton_kernels import (
     triton,
 )
 
-__all__ = ["available", "interpolated_chroma"]
+__all__ = ["available", "block_samples", "interpolated_chroma", "warm_up"]
 
 # Chroma subsampling factors (horizontal, vertical) the kernels interpolate.
 H2V2 = (2, 2)
 H2V1 = (2, 1)
 
+# The kernels' integer arguments, which change with every photo size: unspecialised (Triton would
+# compile a kernel for each new combination of their divisibility by 16 on a request's time), so
+# that one kernel per subsampling serves every size, compiled when the worker warms up (`warm_up`).
+SIZE_ARGUMENTS = ("height", "width", "block_rows", "block_cols", "image_stride", "channel_stride",
+                  "row_stride")
+
 if triton is not None:
-    @triton.jit
+    @triton.jit(do_not_specialize=SIZE_ARGUMENTS)
     def _block_samples_kernel(images, samples, height, width, block_rows, block_cols,  # type: ignore[no-untyped-def]
                               image_stride, channel_stride, row_stride,
                               V: tl.constexpr, BLOCK_SIZE: tl.constexpr):
@@ -73,7 +79,7 @@ if triton is not None:
             sample = tl.minimum(tl.maximum(rounded, 0.0), 255.0).to(tl.int32)
             tl.store(out + plane * blocks, sample, mask=inside)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=SIZE_ARGUMENTS)
     def _chroma_fix_kernel(images, samples, out, height, width, block_rows, block_cols,  # type: ignore[no-untyped-def]
                            image_stride, channel_stride, row_stride,
                            V: tl.constexpr, BLOCK_SIZE: tl.constexpr):
@@ -124,27 +130,46 @@ if triton is not None:
             tl.store(target + channel * channel_stride, fixed, mask=inside)
 
 
-def interpolated_chroma(images: torch.Tensor, factors: tuple[int, int]) -> torch.Tensor:
-    """chroma_upsampling.interpolated_chroma's result for `uint8[N, 3, H, W]` images with
-    repeated chroma (`factors` H2V2 or H2V1; other factors: the images themselves), in two
-    kernels. The input is not modified."""
-    if factors not in (H2V2, H2V1):
-        return images
+def block_samples(images: torch.Tensor, factors: tuple[int, int]) -> torch.Tensor:
+    """chroma_upsampling.block_samples's result for `uint8[N, 3, H, W]` images and `factors`
+    H2V2 or H2V1, by the first kernel: `int32[N, 2, ceil(H / v), ceil(W / 2)]`."""
     require()
     batch = images.contiguous()
     count, _, height, width = batch.shape
     vertical = factors[1]
     block_rows, block_cols = -(-height // vertical), -(-width // 2)
     samples = torch.empty((count, 2, block_rows, block_cols), dtype=torch.int32, device=batch.device)
-    strides = (batch.stride(0), batch.stride(1), batch.stride(2))
     blocks = block_rows * block_cols
     block = elementwise_block(batch.device, blocks)
     launchable(_block_samples_kernel, batch.device)[(triton.cdiv(blocks, block), count)](
-        batch, samples, height, width, block_rows, block_cols, *strides,
+        batch, samples, height, width, block_rows, block_cols,
+        batch.stride(0), batch.stride(1), batch.stride(2),
         V=vertical, BLOCK_SIZE=block, **no_fp_fusion(batch.device))
+    return samples
+
+
+def interpolated_chroma(images: torch.Tensor, factors: tuple[int, int]) -> torch.Tensor:
+    """chroma_upsampling.interpolated_chroma's result for `uint8[N, 3, H, W]` images with
+    repeated chroma (`factors` H2V2 or H2V1; other factors: the images themselves), in two
+    kernels. The input is not modified."""
+    if factors not in (H2V2, H2V1):
+        return images
+    batch = images.contiguous()
+    samples = block_samples(batch, factors)
+    count, _, height, width = batch.shape
+    _, _, block_rows, block_cols = samples.shape
     out = torch.empty_like(batch)
     block = elementwise_block(batch.device, height * width)
     launchable(_chroma_fix_kernel, batch.device)[(triton.cdiv(height * width, block), count)](
-        batch, samples, out, height, width, block_rows, block_cols, *strides,
-        V=vertical, BLOCK_SIZE=block)
+        batch, samples, out, height, width, block_rows, block_cols,
+        batch.stride(0), batch.stride(1), batch.stride(2),
+        V=factors[1], BLOCK_SIZE=block)
     return out
+
+
+def warm_up(device: torch.device) -> None:
+    """Compile the kernels of both subsamplings on `device` (one each for every photo size:
+    SIZE_ARGUMENTS), so that no request waits for Triton's compiler."""
+    images = torch.zeros((1, 3, 6, 10), dtype=torch.uint8, device=device)
+    for factors in (H2V2, H2V1):
+        interpolated_chroma(images, factors)

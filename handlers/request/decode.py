@@ -188,11 +188,11 @@ def decode_images(encoded: Sequence[bytes], limits: ImageLimits, device: torch.d
 
 def decode_with_headers(encoded: Sequence[bytes], limits: ImageLimits, device: torch.device | None = None,
                         min_short_side: int | None = None, decoder: JpegDecoder = "torchvision",
-                        chroma_kernels: bool = False) -> list[tuple[DecodeResult, ImageHeader | None]]:
+                        use_chroma_kernels: bool = False) -> list[tuple[DecodeResult, ImageHeader | None]]:
     """`decode_images`, each result with the header it was decoded by (None where the header
     itself was refused): what a later stage reads of the image (its format and stored size)
     without reading the header again. `decoder` is a CUDA device's batched JPEG decoder (a CPU
-    decodes with torchvision's libjpeg-turbo whatever it says); with `chroma_kernels`, chroma
+    decodes with torchvision's libjpeg-turbo whatever it says); with `use_chroma_kernels`, chroma
     it repeats is interpolated by handlers.request.chroma_kernels (the same pixels, fewer
     kernels) instead of tensor operations."""
     device = device or CPU
@@ -211,7 +211,7 @@ def decode_with_headers(encoded: Sequence[bytes], limits: ImageLimits, device: t
         else:
             results[index] = _decode_on_cpu(data, header, limits, min_short_side)
     _decode_batched(encoded, on_device, limits, device, results, batched_decoder(device, decoder),
-                    chroma_kernels)
+                    use_chroma_kernels)
     return [(result if isinstance(result, ClientError) else _on_device(result, device), header)
             for result, header in zip(_settled(results), headers, strict=True)]
 
@@ -223,7 +223,7 @@ def batched_decoder(device: torch.device, decoder: JpegDecoder) -> JpegDecoder:
 
 def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], limits: ImageLimits,
                     device: torch.device, results: list[DecodeResult | None], decoder: JpegDecoder,
-                    chroma_kernels: bool = False) -> None:
+                    use_chroma_kernels: bool = False) -> None:
     """The batch's device-decodable JPEGs (`headers`, by index) into `results`, in calls bounded
     by the limit's pixels; one the decoder refuses goes to the CPU path."""
     indices = list(headers)
@@ -234,7 +234,8 @@ def _decode_batched(encoded: Sequence[bytes], headers: dict[int, ImageHeader], l
             decoded = decode_jpeg_run([encoded[index] for index in chosen], device, decoder)
         if decoder_repeats_chroma(device, decoder):
             with profiled_range("decode:chroma"):
-                decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen], chroma_kernels)
+                decoded = _as_libjpeg_upsamples(decoded, [headers[index] for index in chosen],
+                                                 use_chroma_kernels)
         for index, image in zip(chosen, decoded, strict=True):
             header = headers[index]
             results[index] = (oriented(image, header.orientation) if image is not None

@@ -25,18 +25,26 @@ BLOCK_POSITIONS = 32     # ... outputs along the resized axis
 # another (bf16: the interpreter truncates to it) is cast from float32 by torch.
 KERNEL_OUTPUTS = (torch.float32, torch.float16)
 
+# The kernel's integer arguments: sizes, strides and the filter's taps and precision, which change
+# with every photo size. Triton would otherwise compile a kernel for each new combination of their
+# divisibility by 16 (and of those equal to 1) on a request's time; unspecialised, one kernel per
+# pass and output dtype serves every size, compiled when the worker warms up (`warm_up`).
+SIZE_ARGUMENTS = ("channels", "source_image", "source_channel", "source_other", "source_position",
+                  "target_image", "target_channel", "target_other", "target_position",
+                  "others", "positions", "source_length", "precision", "taps")
+
 if triton is not None:
-    @triton.jit
+    @triton.jit(do_not_specialize=SIZE_ARGUMENTS)
     def _resample_kernel(source, target, first, weights, channels,  # type: ignore[no-untyped-def]
                          source_image, source_channel, source_other, source_position,
                          target_image, target_channel, target_other, target_position,
-                         others, positions, source_length, precision,
+                         others, positions, source_length, precision, taps,
                          mean, std, scale,
-                         TAPS: tl.constexpr, NORMALIZE: tl.constexpr,
-                         BLOCK_O: tl.constexpr, BLOCK_P: tl.constexpr):
+                         NORMALIZE: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_P: tl.constexpr):
         """One fixed-point pass along one axis: target[n, c, o, p] from source[n, c, o, first[p]
-        + t] (t < TAPS, clamped to the source), weighted by weights[p, t]; with NORMALIZE, the
-        uint8 result scaled, normalised and cast to the target's dtype."""
+        + t] (t < taps, clamped to the source), weighted by weights[p, t]; with NORMALIZE, the
+        uint8 result scaled, normalised and cast to the target's dtype. The taps are a loop
+        bound, not a constant: a filter's width changes with the resize's ratio."""
         plane = tl.program_id(0)
         image = plane // channels
         channel = plane % channels
@@ -47,8 +55,8 @@ if triton is not None:
         start = tl.load(first + position, mask=position_in, other=0)
         source_base = source + image.to(tl.int64) * source_image + channel * source_channel
         total = tl.full((BLOCK_O, BLOCK_P), 0, tl.int32) + (1 << (precision - 1))
-        for tap in tl.static_range(TAPS):
-            weight = tl.load(weights + position * TAPS + tap, mask=position_in, other=0)
+        for tap in range(taps):
+            weight = tl.load(weights + position * taps + tap, mask=position_in, other=0)
             index = tl.minimum(start + tap, source_length - 1)
             value = tl.load(source_base + other[:, None] * source_other + index[None, :] * source_position,
                             mask=other_in[:, None] & position_in[None, :], other=0)
@@ -101,8 +109,8 @@ def _pass(source: torch.Tensor, target: torch.Tensor, axis: int, input_size: int
         source, target, first, weights, target.shape[1],
         source.stride(0), source.stride(1), source.stride(other_axis), source.stride(axis),
         target.stride(0), target.stride(1), target.stride(other_axis), target.stride(axis),
-        others, count, input_size, precision, mean, std, 1.0 / 255,
-        TAPS=taps, NORMALIZE=normalize is not None, BLOCK_O=block_others, BLOCK_P=block_positions,
+        others, count, input_size, precision, taps, mean, std, 1.0 / 255,
+        NORMALIZE=normalize is not None, BLOCK_O=block_others, BLOCK_P=block_positions,
         **no_fp_fusion(source.device))
 
 
@@ -129,3 +137,11 @@ def resized_crops_normalized(images: torch.Tensor, resized_hw: tuple[int, int], 
 def _crop_start(size: int, crop: int) -> int:
     """torchvision's `center_crop` offset: int(round((size - crop) / 2.0))."""
     return round((size - crop) / 2.0)
+
+
+def warm_up(device: torch.device, dtype: torch.dtype) -> None:
+    """Compile both passes for `dtype` batches on `device` (one kernel each for every photo size:
+    SIZE_ARGUMENTS), so that no request waits for Triton's compiler."""
+    images = torch.zeros((1, 3, 40, 48), dtype=torch.uint8, device=device)
+    mean = torch.zeros(3, dtype=torch.float32, device=device)
+    resized_crops_normalized(images, (32, 38), 32, mean, torch.ones_like(mean), dtype)

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.images import photo_bytes
+from tests.images import photo_bytes, slow_png
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
-from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop, run_open_loop
 from torchserve_vision.server_process import TorchServeInstance, ping, stop
 from torchserve_vision.server_state import queued_requests
@@ -87,16 +86,16 @@ def test_a_killed_worker_is_replaced_and_no_request_hangs(fault_server):
 
 
 def send_burst(server: TorchServeInstance, count: int) -> tuple[list[int], threading.Thread]:
-    """`count` concurrent requests of a 12 MP JPEG: each batch takes long enough (decoding
-    dominates, about 15 ms an image) that requests stay queued for a while even on a fast CPU
-    with native bf16, where a small photo's batch of 8 takes about 30 ms."""
+    """`count` concurrent requests of a slow PNG (tests.images.slow_png: about 20 KB to send, a
+    full decode of 6 MP to compute): they arrive faster than any CPU computes a batch of them, so
+    requests stay queued for a while however fast the machine is."""
     statuses: list[int] = []
-    body = benchmark_jpeg("phone")
+    body = slow_png()
 
     def one() -> None:
         try:
             statuses.append(requests.post(url(server), data=body, timeout=60,
-                                          headers={"Content-Type": "image/jpeg"}).status_code)
+                                          headers={"Content-Type": "image/png"}).status_code)
         except requests.RequestException:
             statuses.append(0)
 

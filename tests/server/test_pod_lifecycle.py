@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.images import CAT_LABELS, photo_bytes
+from tests.images import CAT_LABELS, photo_bytes, slow_png
 from tests.server.http_client import concurrently
 from tests.server.load import ContinuousLoad
 from tests.server.logs import wait_for_log
 from torchserve_vision import paths
-from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.lab.pods import Pod
 from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.server_process import frontend_pid
@@ -108,9 +107,10 @@ def test_environment_settings_are_applied_and_the_probes_need_no_key(steady_pod:
 
 def test_sigterm_answers_every_accepted_request_and_exits_zero(pod: Pod):
     """A burst queued at SIGTERM is answered in full; then the process exits 0 within its bound.
-    12 MP photos: decoding makes each batch slow enough that requests are seen queued."""
-    headers = {"Content-Type": "image/jpeg", **pod.instance.client().auth_headers("inference")}
-    url, image = inference_url(pod), benchmark_jpeg("phone")
+    Slow PNGs (tests.images.slow_png): they arrive faster than any CPU computes a batch of them,
+    so requests are seen queued."""
+    headers = {"Content-Type": "image/png", **pod.instance.client().auth_headers("inference")}
+    url, image = inference_url(pod), slow_png()
     answers: list[requests.Response] = []
 
     def one_request() -> requests.Response:
@@ -124,7 +124,7 @@ def test_sigterm_answers_every_accepted_request_and_exits_zero(pod: Pod):
     burst.join(120)
     code, seconds = pod.wait(timeout_s=120)
     assert [a.status_code for a in answers] == [200] * 24
-    assert all(a.json()[0]["label"] in CAT_LABELS for a in answers)
+    assert all(len(a.json()) == 5 and "label" in a.json()[0] for a in answers)
     assert code == 0, pod.output()[-2000:]
     bound = 1.0 + 30.0 + 1.0 + 30.0          # drain delay + drain timeout + grace + stop timeout
     assert seconds < bound

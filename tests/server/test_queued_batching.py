@@ -9,6 +9,7 @@ while its batch runs gets its answer; a bad header is a 400 for that request alo
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import time
@@ -36,8 +37,8 @@ pytestmark = pytest.mark.server
 MODEL = "efficientnet_lite0"
 QUEUED, DELAYED, WITH_DEADLINE, PRIORITIES = "1.0-queued", "1.0-delayed", "1.0-deadline", "1.0-priorities"
 AN_HOUR_MS = 3_600_000
-# Less than one large photo takes (a 12 MP JPEG, 100 ms and more), more than a lone request may
-# wait for its worker on a loaded 2-core machine (11 ms seen against a deadline of 10).
+# More than a lone request may wait for its worker on a loaded 2-core machine (11 ms seen against
+# a deadline of 10); a batch slower than it is made by measurement (request_slower_than).
 MODEL_DEADLINE_MS = 50
 # Slow PNGs sent at once to keep one worker busy while more than a batch queues behind it (see
 # slow_png): 16 for the deadline test (a batch and a full one queued), 32 for the priority test
@@ -149,13 +150,6 @@ def expired_count(server: TorchServeInstance, version: str, metric: str = EXPIRE
     return total(scrape(server.metrics_url), metric, model_name=MODEL, model_version=version)
 
 
-def timed_post(server: TorchServeInstance, body: bytes, version: str,
-               headers: dict[str, str] | None = None) -> tuple[requests.Response, float]:
-    start = time.monotonic()
-    reply = post(server, body, version=version, headers=headers)
-    return reply, time.monotonic() - start
-
-
 def test_a_request_past_its_deadline_is_answered_504_and_never_reaches_the_handler(queued_server):
     """SLOW_BUSY slow PNGs keep the worker busy for a few batches; a request with a deadline of
     1 ms sent behind them waits at least a batch: 504 with a JSON error, absent from the
@@ -254,21 +248,60 @@ def test_while_high_priority_requests_come_the_oldest_normal_ones_are_shed_to_ke
     assert expired_count(queued_server, PRIORITIES, SHED_FOR_PRIORITY) == shed_before + len(shed)
 
 
+def batch_times_ms(server: TorchServeInstance, version: str, after_line: int) -> list[float]:
+    """The handler's own time for each batch of `version` (its `batch` log lines' `batch_ms`),
+    from line `after_line` of the worker log."""
+    lines = log_lines(server.log_dir / "model_log.log")[after_line:]
+    batches = [json.loads(line.split("batch ", 1)[1]) for line in lines if " batch {" in line]
+    return [batch["batch_ms"] for batch in batches if batch["version"] == version]
+
+
+def batch_logged(server: TorchServeInstance, version: str, after_line: int, lines: list[str]) -> bool:
+    """Whether a batch of `version` was logged after line `after_line` (for wait_for_log)."""
+    return bool(batch_times_ms(server, version, after_line))
+
+
+def slow_instances(count: int) -> bytes:
+    """A KServe v1 body of `count` slow PNGs (one request: one batch of its own)."""
+    image = base64.b64encode(slow_png(4000, 3000)).decode()
+    return json.dumps({"instances": [{"data": image}] * count}).encode()
+
+
+def request_slower_than(server: TorchServeInstance, floor_ms: float) -> bytes:
+    """A request whose batch takes the handler at least `floor_ms` on this machine, found by
+    sending 1, 2, 4 ... slow PNGs in one request to version 1.0-queued (the same archive and
+    worker settings as 1.0-deadline) until one batch of them took that long: how fast the CPU is
+    decides how many, never whether the test holds."""
+    for count in (1, 2, 4, 8, 16):          # 16: the archive's limits.max_images_per_request
+        body = slow_instances(count)
+        log_start = len(log_lines(server.log_dir / "model_log.log"))
+        assert post(server, body, headers={"Content-Type": "application/json"}).ok
+        wait_for_log(server.log_dir / "model_log.log", partial(batch_logged, server, QUEUED, log_start))
+        if max(batch_times_ms(server, QUEUED, log_start)) >= floor_ms:
+            return body
+    raise AssertionError(f"16 slow PNGs in one batch took under {floor_ms} ms")
+
+
 def test_the_models_deadline_applies_without_a_header_and_caps_a_longer_one(queued_server):
-    """Version 1.0-deadline (MODEL_DEADLINE_MS, less than one large photo takes). Its fresh
-    worker has no batch time yet, so the first request is taken into a batch and answered, after
-    its deadline passed (TorchServe itself would drop that answer). From then on a batch is known
-    to take longer than the deadline: a request without a header, one asking for an hour (capped
-    by the model's deadline) and one asking for less are each answered 504 at once and never
-    computed, and counted; describe reports the deadline."""
+    """Version 1.0-deadline (MODEL_DEADLINE_MS). Its fresh worker has no batch time yet, so its
+    first request is taken into a batch and answered, after its deadline passed (TorchServe
+    itself would drop that answer): a request of slow PNGs measured beforehand to take four
+    deadlines. From then on a batch is known to take longer than the deadline: a request without
+    a header, one asking for an hour (capped by the model's deadline) and one asking for less
+    are each answered 504 at once and never computed, and counted; describe reports the
+    deadline."""
     client = queued_server.client()
     assert client.describe(MODEL, WITH_DEADLINE)[0]["clientTimeoutInMills"] == MODEL_DEADLINE_MS
+    slow = request_slower_than(queued_server, 4 * MODEL_DEADLINE_MS)
     photo = benchmark_jpeg("phone")
     log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
     expired_before = expired_count(queued_server, WITH_DEADLINE)
 
-    first, seconds = timed_post(queued_server, photo, WITH_DEADLINE)
-    assert first.status_code == 200 and seconds * 1000 > MODEL_DEADLINE_MS, (first.text, seconds)
+    first = post(queued_server, slow, version=WITH_DEADLINE, headers={"Content-Type": "application/json"})
+    assert first.status_code == 200, first.text
+    wait_for_log(queued_server.log_dir / "model_log.log",
+                 partial(batch_logged, queued_server, WITH_DEADLINE, log_start))
+    assert batch_times_ms(queued_server, WITH_DEADLINE, log_start)[0] > MODEL_DEADLINE_MS
     for headers in ({}, {"X-Request-Timeout-Ms": str(AN_HOUR_MS)}, {"X-Request-Timeout-Ms": "5"}):
         reply = post(queued_server, photo, version=WITH_DEADLINE, headers=headers)
         assert reply.status_code == 504 and reply.json()["type"] == "DeadlineExceeded", (headers, reply.text)

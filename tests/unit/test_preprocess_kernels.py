@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as torch_functional
 from torchvision.transforms.v2 import functional as F
 
 from handlers.ground.limits import ImageLimits, SettingsError
 from handlers.model.settings import parse_classifier_settings
 from handlers.request import chroma_kernels
-from handlers.request.chroma_upsampling import H2V1, H2V2
+from handlers.request.chroma_upsampling import H2V1, H2V2, block_samples
 from handlers.request.chroma_upsampling import interpolated_chroma as chroma_by_tensor_ops
 from handlers.request.decode import decode_with_headers
 from handlers.task import resize_kernels
@@ -26,6 +27,9 @@ from tests.unit.test_chroma_upsampling import PILLOW_SUBSAMPLING, photo_jpeg, us
 from tests.unit.test_settings import MINIMAL
 from torchserve_vision.photo_sets import project_photos
 
+# Triton's interpreter computes each kernel operation in NumPy, tile by tile: about 16 s for the
+# module on a 2-core machine, a third of the fast tier's test time. The whole suite runs it.
+pytestmark = pytest.mark.slow
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -96,17 +100,41 @@ def test_the_chroma_kernels_are_interpolated_chroma_bit_for_bit(factors, height_
     assert torch.equal(images, random_images(2, height, width, seed=height + width + factors[1]))
 
 
-def test_block_samples_round_half_to_even_as_the_cpu():
-    """Flat blocks whose Cb or Cr lands on .5 before rounding (grey 0..255 gives Cb = Cr = 128
-    exactly; these colours give every quarter-level mean in one channel)."""
+def one_channel_blocks(channel: int) -> torch.Tensor:
+    """`uint8[1, 3, 2, W]`, zero in two channels; in `channel`, 2x2 blocks whose pixels sum to
+    each level 0..1023 (clamped to 255), each followed by a block of 255 (so that the fancy
+    upsampling of every pixel depends on its block's sample). Blue alone gives Cb = 128 + mean / 2,
+    red alone Cr = 128 + mean / 2: every mean at a quarter level, many samples on .5 exactly."""
     levels = torch.arange(0, 1024, dtype=torch.int32)
-    pixels = torch.zeros((1, 3, 2, 2 * len(levels)), dtype=torch.int32)
-    for channel in range(3):
-        # a block of four pixels summing to `level`: its mean is level / 4
-        base, extra = levels // 4, levels % 4
-        block = torch.stack([base + (extra > 0), base + (extra > 1), base + (extra > 2), base], 1)
-        pixels[0, channel] = block.view(-1, 2, 2).permute(1, 0, 2).reshape(2, -1).clamp(0, 255)
-    images = pixels.to(torch.uint8)
+    base, extra = levels // 4, levels % 4
+    block = torch.stack([base + (extra > 0), base + (extra > 1), base + (extra > 2), base], 1).clamp(0, 255)
+    blocks = torch.stack([block, torch.full_like(block, 255)], 1).reshape(-1, 4)
+    images = torch.zeros((1, 3, 2, 2 * len(blocks)), dtype=torch.uint8)
+    images[0, channel] = blocks.view(-1, 2, 2).permute(1, 0, 2).reshape(2, -1).to(torch.uint8)
+    return images
+
+
+def half_to_even(values: torch.Tensor) -> torch.Tensor:
+    """float64 values rounded to the nearest integer, an exact half to the even neighbour."""
+    floor = torch.floor(values)
+    fraction = values - floor
+    up = (fraction > 0.5) | ((fraction == 0.5) & (floor.to(torch.int64) % 2 == 1))
+    return (floor + up.to(values.dtype)).to(torch.int32)
+
+
+@pytest.mark.parametrize(("channel", "plane"), [(2, 0), (0, 1)], ids=["cb-from-blue", "cr-from-red"])
+def test_block_samples_round_half_to_even_as_the_cpu(channel, plane):
+    """Flat-coloured blocks whose Cb (blue alone) or Cr (red alone) lands on .5 before rounding:
+    the kernel's block samples are the exact means rounded half to even, as the CPU's tensor
+    operations round them, and its interpolated pixels are theirs; a kernel that rounds halves
+    up or down fails here."""
+    images = one_channel_blocks(channel)
+    means = torch_functional.avg_pool2d(images.double(), (2, 2))[0, channel, 0]   # exact: sums / 4
+    exact = 128 + means / 2
+    assert (exact % 1 == 0.5).sum() >= 100                          # the ties the test is about
+    expected = half_to_even(exact).clamp(0, 255)
+    assert torch.equal(block_samples(images, H2V2)[0, plane, 0], expected)
+    assert torch.equal(chroma_kernels.block_samples(images, H2V2)[0, plane, 0], expected)
     for factors in (H2V2, H2V1):
         assert torch.equal(chroma_kernels.interpolated_chroma(images, factors),
                            chroma_by_tensor_ops(images, factors))
@@ -140,12 +168,13 @@ def test_a_batch_of_several_sizes_by_the_kernels_is_the_tensor_operations_batch(
 
 def test_the_batched_decode_interpolates_chroma_by_the_kernels_when_asked(monkeypatch):
     """The decode path of a worker whose decoder repeats chroma (nvJPEG; here libjpeg-turbo made
-    to repeat it), with `chroma_kernels`: the same pixels as by tensor operations."""
+    to repeat it), with `use_chroma_kernels`: the same pixels as by tensor operations."""
     use_libjpeg_as_batched_decoder(monkeypatch, repeat_chroma=True, said_to_repeat=True)
     photo = project_photos()[1].image.resize((160, 120))
     encoded = [photo_jpeg(photo, PILLOW_SUBSAMPLING[H2V2]), photo_jpeg(photo, PILLOW_SUBSAMPLING[H2V1])]
     by_ops = [result for result, _ in decode_with_headers(encoded, ImageLimits())]
-    by_kernels = [result for result, _ in decode_with_headers(encoded, ImageLimits(), chroma_kernels=True)]
+    by_kernels = [result for result, _ in
+                  decode_with_headers(encoded, ImageLimits(), use_chroma_kernels=True)]
     for ops, kernels in zip(by_ops, by_kernels, strict=True):
         assert isinstance(kernels, torch.Tensor) and isinstance(ops, torch.Tensor)
         assert torch.equal(kernels, ops)
@@ -156,3 +185,26 @@ def test_the_archive_setting_is_a_switch():
     assert parse_classifier_settings({**MINIMAL, "cuda_preprocess_kernels": True}).cuda_preprocess_kernels
     with pytest.raises(SettingsError, match="cuda_preprocess_kernels"):
         parse_classifier_settings({**MINIMAL, "cuda_preprocess_kernels": "yes"})
+
+
+# The kernels' tensor arguments (pointers, which Triton specialises on alignment only).
+POINTERS = {"images", "samples", "out", "source", "target", "first", "weights", "mean", "std"}
+
+
+@pytest.mark.parametrize("kernel", ["_block_samples_kernel", "_chroma_fix_kernel", "_resample_kernel"])
+def test_no_size_or_stride_is_specialised_so_no_new_photo_size_compiles_a_kernel(kernel):
+    """Every argument of each kernel is a tensor, a compile-time constant the worker's warm-up
+    compiles (subsampling, blocks, NORMALIZE), a float, or an integer Triton is told not to
+    specialise on: a photo of a new size reuses the warmed-up kernel."""
+    module = chroma_kernels if kernel != "_resample_kernel" else resize_kernels
+    function = getattr(module, kernel)
+    plain = [param.name for param in function.params
+             if not param.is_constexpr and param.name not in POINTERS and param.name != "scale"]
+    assert plain and set(plain) <= set(module.SIZE_ARGUMENTS)
+    assert all(param.do_not_specialize for param in function.params if param.name in plain)
+
+
+def test_the_warm_ups_run_every_kernel_variant_a_worker_uses():
+    chroma_kernels.warm_up(torch.device("cpu"))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        resize_kernels.warm_up(torch.device("cpu"), dtype)

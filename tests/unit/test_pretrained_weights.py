@@ -11,7 +11,8 @@ from handlers.request.decode import decode_image_bytes
 from handlers.task.classification import top_k_classes
 from handlers.task.transforms import preprocess_classification_batch
 from tests.images import photo_bytes
-from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
+from torchserve_vision.archives.pretrained_weights import packaged_state_dict
+from torchserve_vision.archives.weights_error import WeightsError
 from torchserve_vision.model_descriptions import resolve_labels
 
 pytestmark = pytest.mark.slow

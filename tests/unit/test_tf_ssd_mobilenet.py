@@ -18,8 +18,10 @@ import torch
 from onnx import TensorProto, helper
 from PIL import Image
 
+from handlers.model.settings import parse_detection_defaults
 from handlers.model.ssd_engine import SsdBackboneHead, image_anchors_xyxy
 from handlers.model.tf_ssd_mobilenet import (
+    ARCHITECTURE,
     GRAPH_SCORE_THRESHOLD,
     INPUT_SIZE,
     TfSsdMobileNetV2,
@@ -28,8 +30,10 @@ from handlers.model.tf_ssd_mobilenet import (
     tf1_bilinear_resize,
 )
 from tests.images import PHOTOS_DIR
+from torchserve_vision import paths
 from torchserve_vision.archives.tensorflow_graph import graph_constants, node_attributes
 from torchserve_vision.archives.tf_ssd_weights import packaged_graph, ssd_mobilenet_v2_coco_state_dict
+from torchserve_vision.model_descriptions import load_descriptions
 
 PHOTOS = ("astronaut.png", "coffee.png", "chelsea.png", "motorcycle_left.png", "rocket.jpg")
 TEXT_GRAPH = "ssd_mobilenet_v2_coco_2018_03_29.pbtxt"
@@ -149,6 +153,15 @@ def test_the_graphs_postprocess_settings_are_the_modules() -> None:
     resize = node_attributes(packaged_graph(), "ResizeBilinear")
     assert [node["align_corners"] for node in resize.values()] == [False]
     assert all("half_pixel_centers" not in node for node in resize.values())   # TensorFlow 1's legacy
+
+
+def test_the_served_default_score_threshold_is_the_graphs() -> None:
+    """config/models.yaml serves ssd_mobilenet_v2 at the graph's own threshold by default (a
+    request may ask for another): a change to either is a change to both."""
+    (described,) = [d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == "ssd_mobilenet_v2"]
+    assert described.architecture == ARCHITECTURE
+    defaults, _ = parse_detection_defaults(described.handler_options["detection"])
+    assert defaults.score_threshold == GRAPH_SCORE_THRESHOLD
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,8 @@ from torchserve_vision.archives.engine_exports import export_detector_engines, e
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.int8_quantization import Int8Gate, Int8GateFailed, Int8Request, Preprocessing
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
-from torchserve_vision.archives.pretrained_weights import WeightsError, packaged_state_dict
+from torchserve_vision.archives.pretrained_weights import packaged_state_dict
+from torchserve_vision.archives.weights_error import WeightsError
 from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import (
     QUEUED,

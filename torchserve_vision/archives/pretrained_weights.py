@@ -21,9 +21,7 @@ from pathlib import Path
 
 import torch
 
-
-class WeightsError(ValueError):
-    """Weights that are missing or do not fit the architecture."""
+from torchserve_vision.archives.weights_error import WeightsError
 
 
 def convert_by_position(

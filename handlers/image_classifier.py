@@ -28,7 +28,7 @@ from handlers.request.inference_protocol import (
 )
 from handlers.serving import BatchedImageHandler, HeaderReader, required_serialized_file
 from handlers.shadow.answer_comparison import AnswerComparison, compare_classifications
-from handlers.task.classification import ClassScore, top_k_classes
+from handlers.task.classification import ClassScore, top_k_of_probabilities
 
 Item = DecodedImage[ClassificationOptions]
 
@@ -65,7 +65,8 @@ class ImageClassifierHandler(
     def postprocess(self, model_output: torch.Tensor, model_input: torch.Tensor,
                     items: Sequence[Item]) -> list[list[ClassScore]]:
         top_ks = [item.options.top_k for item in items]
-        ranked = top_k_classes(model_output, self.labels, max(top_ks))
+        ranked = top_k_of_probabilities(self.classifier.probabilities(model_output), self.labels,
+                                        max(top_ks))
         return [scores[:k] for scores, k in zip(ranked, top_ks, strict=True)]
 
     def answer_observations(self, answer: list[ClassScore]) -> list[Observation]:

@@ -50,7 +50,8 @@ class ObjectDetectorHandler(
 
     def parse_options(self, row: Mapping[str, Any], header: HeaderReader) -> DetectionOptions:
         return parse_detection_options(row, header, self.settings.defaults, self.labels,
-                                       self.settings.max_detections_cap)
+                                       self.settings.max_detections_cap,
+                                       nms_here=self.settings.runs_nms)
 
     def preprocess(self, items: Sequence[Item]) -> DetectorInput:
         return self.detector.model_input([item.image for item in items],

@@ -8,7 +8,8 @@
 #     and the autoscaling metrics' tests, and libjpeg-turbo's TurboJPEG library (libturbojpeg0), with
 #     which the chroma tests decode as nvJPEG does,
 #   - .venv with the pinned packages of requirements.txt / constraints.txt (installed with uv,
-#     or pip where uv cannot), and this project
+#     or pip where uv cannot), Ultralytics for the tests (requirements-ultralytics.txt, without
+#     its dependencies), and this project
 #     installed into it (editable) with its command, .venv/bin/torchserve-vision,
 #   - the frontend agent's jar.
 # Re-running does nothing when all of it is already in place.
@@ -66,7 +67,7 @@ find_python() {
 
 ensure_venv() {
   local stamp=.venv/.requirements.sha256 wanted
-  wanted=$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+  wanted=$(cat requirements.txt requirements-ultralytics.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -x .venv/bin/python ]; then
     return
   fi
@@ -82,6 +83,8 @@ ensure_venv() {
     echo "setup: uv could not install the pinned packages; installing them with pip" >&2
     .venv/bin/python -m pip install --quiet -r requirements.txt -c constraints.txt
   fi
+  # Ultralytics for the tests only, without its dependencies (requirements-ultralytics.txt says why).
+  .venv/bin/python -m pip install --quiet --no-deps -r requirements-ultralytics.txt
   # The project itself: its packages and the torchserve-vision command (dependencies are above).
   .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
   echo "$wanted" > "$stamp"

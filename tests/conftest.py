@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from handlers.image_classifier import ImageClassifierHandler
     from torchserve_vision.model_descriptions import ModelDescription
 
-HEAVY_FIXTURES = {"model_store", "classifier"}
+HEAVY_FIXTURES = {"model_store", "classifier", "ultralytics_exports"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,7 +66,8 @@ SHARED_SERVER_MODULES = frozenset({
     "tests/server/test_predict_command.py",
     "tests/server/test_readme_examples.py", "tests/server/test_response_cache.py",
     "tests/server/test_several_images.py", "tests/server/test_startup.py",
-    "tests/server/test_torchserve_grpc.py", "tests/server/test_triton_client.py"})
+    "tests/server/test_torchserve_grpc.py", "tests/server/test_triton_client.py",
+    "tests/server/test_ultralytics_served.py"})
 
 # Units that take minutes (`--durations`: rollouts and canaries wait on worker starts and
 # drains): scheduled first, so that no long unit starts last while the other process is idle.
@@ -276,6 +277,46 @@ def build_model_store(store: Path, foreign: Path) -> None:
         pool.submit(build_foreign_packages, foreign).result()
         list(archives)
         list(pool.map(build_described, pipelines, [store] * len(pipelines)))   # their stages are built
+
+
+# Ultralytics exports of networks built from the package's own yaml files (tests/ultralytics_models.py):
+# name -> (yaml, format, input size, export arguments). The detectors at Ultralytics' default 640;
+# the other tasks, which only need to be refused, at 320.
+ULTRALYTICS_EXPORTS: dict[str, tuple[str, str, int, dict[str, object]]] = {
+    "yolov8n.torchscript": ("yolov8n.yaml", "torchscript", 640, {}),
+    "yolov8n.onnx": ("yolov8n.yaml", "onnx", 640, {}),
+    "yolo11n.torchscript": ("yolo11n.yaml", "torchscript", 640, {}),
+    "yolo26n-end2end.torchscript": ("yolo26n.yaml", "torchscript", 640, {"end2end": True}),
+    "yolov8n-cls.torchscript": ("yolov8n-cls.yaml", "torchscript", 224, {}),
+    "yolov8n-cls.onnx": ("yolov8n-cls.yaml", "onnx", 224, {}),
+    "yolov8n-seg.torchscript": ("yolov8n-seg.yaml", "torchscript", 320, {}),
+    "yolov8n-pose.torchscript": ("yolov8n-pose.yaml", "torchscript", 320, {}),
+    "yolov8n-obb.torchscript": ("yolov8n-obb.yaml", "torchscript", 320, {}),
+}
+
+
+@pytest.fixture(scope="session")
+def ultralytics_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """ULTRALYTICS_EXPORTS exported once per run (a few seconds each), shared by the processes
+    as the model store is; or, where TSV_ULTRALYTICS_EXPORTS names a folder of them exported
+    beforehand (a GPU host without the `ultralytics` package), those files."""
+    from tests.ultralytics_models import exported
+
+    prepared = os.environ.get("TSV_ULTRALYTICS_EXPORTS")
+    if prepared:
+        return {name: Path(prepared) / name for name in ULTRALYTICS_EXPORTS}
+    root = shared_directory(tmp_path_factory) / "ultralytics"
+    root.mkdir(exist_ok=True)
+    paths: dict[str, Path] = {}
+    with open(root / "exports.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name, (yaml_name, export_format, size, arguments) in ULTRALYTICS_EXPORTS.items():
+            target = root / name
+            if not target.exists():
+                made = exported(yaml_name, export_format, root / f"{name}.work", size, **arguments)
+                shutil.move(made, target)
+            paths[name] = target
+    return paths
 
 
 @pytest.fixture(scope="session")

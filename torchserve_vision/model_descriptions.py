@@ -19,7 +19,11 @@ from torchserve_vision.model_kinds import KINDS, ModelKind, UnknownKind, kind_of
 
 # The weights file of an archive, by `model.source`.
 SERIALIZED_NAMES = {"timm": "model.pt", "torchvision": "model.pt", "project": "model.pt",
-                    "torchscript": "model.ts.pt", "export": "model.pt2"}
+                    "torchscript": "model.ts.pt", "export": "model.pt2", "ultralytics": "model.ts.pt"}
+# An Ultralytics export's file in its archive by its format (handlers.model.model_loading reads it so).
+ULTRALYTICS_ONNX_NAME = "model.onnx"
+# `labels:` of an Ultralytics export's description: the class names its metadata carries.
+EXPORT_LABELS = "export"
 
 
 class DescriptionError(CommandError, ValueError):
@@ -160,6 +164,9 @@ def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
         if kind.is_pipeline:
             return parse_pipeline_description(raw)
         model = raw["model"]
+        labels = raw.get("labels", EXPORT_LABELS if model.get("source") == "ultralytics" else None)
+        if labels is None:
+            raise KeyError("labels")
         description = ModelDescription(
             name=str(raw["name"]),
             version=str(raw.get("version", "1.0")),
@@ -167,7 +174,7 @@ def parse_description(raw: Mapping[str, Any]) -> ModelDescription:
             source=str(model["source"]),
             architecture=model.get("architecture"),
             weights=str(model["weights"]),
-            labels=str(raw["labels"]),
+            labels=str(labels),
             num_classes=model.get("num_classes"),
             builder_kwargs=dict(model.get("kwargs") or {}),
             handler_options=dict(raw.get("handler", {})),

@@ -10,12 +10,14 @@ EscalationMode = Literal["auto", "never", "always"]
 
 @dataclass(frozen=True)
 class DetectionOptions:
-    """What one request asks for: thresholds, a cap and an optional class filter."""
+    """What one request asks for: thresholds, a cap, an optional class filter and, for a
+    YOLO-style model, whether its NMS ignores classes."""
 
     score_threshold: float
     iou_threshold: float
     max_detections: int
     classes: frozenset[int] | None = None
+    agnostic_nms: bool = False
 
 
 @dataclass(frozen=True)

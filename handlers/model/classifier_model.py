@@ -71,7 +71,7 @@ class ClassifierModel:
         settings = self.settings
         batch = preprocess_classification_batch(images, settings.resize_size, settings.input_size,
                                                 settings.mean, settings.std, self.device, self.input_dtype,
-                                                kernels=self.preprocess_kernels)
+                                                kernels=self.preprocess_kernels, resize=settings.resize)
         return self.in_memory_format(batch)
 
     def crops_input(self, crops: torch.Tensor) -> torch.Tensor:
@@ -86,8 +86,16 @@ class ClassifierModel:
         return batch
 
     def logits(self, batch: torch.Tensor) -> torch.Tensor:
-        """`float[B, C]` for the normalized batch (any B: compiled packages run it in chunks)."""
+        """`float[B, C]` for the normalized batch (any B: compiled packages run it in chunks): the
+        network's output, logits or (`output: probabilities`) probabilities."""
         return self.run(batch)
+
+    def probabilities(self, output: torch.Tensor) -> torch.Tensor:
+        """The network's `float[B, C]` output as float32 probabilities: the softmax of logits, or
+        what a network ending in its own softmax returned (`output: probabilities`)."""
+        if self.settings.output == "probabilities":
+            return output.float()
+        return torch.softmax(output.float(), dim=1)
 
     def warm_up(self, batch_size: int) -> None:
         """Run batch 1 and `batch_size` (the compiled package's dynamic dimension at both ends).

@@ -9,6 +9,9 @@
 - `YoloFormat`: single-tensor models (`[B, 4 + C, N]`: cx, cy, w, h in input pixels, then C class
   scores) take a letterboxed square batch; candidates are decoded, NMS'd per class on the device
   and mapped back through each image's recorded letterbox.
+- `UltralyticsFormat`: an Ultralytics detection export (the same output) prepared and
+  postprocessed as Ultralytics' own `predict` does: its letterbox with OpenCV's bilinear resize,
+  its NMS (handlers.task.ultralytics_nms), its mapping of boxes back.
 
 Both select per request in the same place (`detections`): score threshold, classes, cap.
 """
@@ -34,8 +37,9 @@ from handlers.task.detection import (
     suppress_overlaps,
     yolo_candidates,
 )
-from handlers.task.letterbox import boxes_to_original, letterbox_batch
+from handlers.task.letterbox import boxes_to_original, letterbox_batch, ultralytics_letterbox_batch
 from handlers.task.ssd_postprocess import RequestSelection, SsdPostprocessSettings, batched_ssd_detections
+from handlers.task.ultralytics_nms import ultralytics_detections, ultralytics_end_to_end_detections
 
 
 class DetectorFormat(Protocol):
@@ -156,6 +160,36 @@ class YoloFormat:
         return selected
 
 
+@dataclass(frozen=True)
+class UltralyticsFormat:
+    input_hw: tuple[int, int]
+    letterbox_fill: int
+    end_to_end: bool = False      # the export answers its detections (`[B, N, 6]`): no NMS here
+
+    def model_input(self, images: Sequence[torch.Tensor], device: torch.device,
+                    lowest_score_asked: float | None) -> DetectorInput:
+        batch, letterboxes = ultralytics_letterbox_batch(images, self.input_hw, self.letterbox_fill, device)
+        return DetectorInput(batch, letterboxes, lowest_score_asked)
+
+    def running_batch(self, network: Any,
+                      model_input: DetectorInput) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()    # candidates are thresholded per request, before NMS
+
+    def model_output(self, output: Any) -> Any:
+        return output[0] if isinstance(output, (tuple, list)) else output
+
+    def detections(self, output: torch.Tensor, model_input: DetectorInput,
+                   images: Sequence[torch.Tensor],
+                   options: Sequence[DetectionOptions]) -> list[DetectionTensors]:
+        assert model_input.letterboxes is not None
+        selected = []
+        select = ultralytics_end_to_end_detections if self.end_to_end else ultralytics_detections
+        for raw, letterbox, asked in zip(output, model_input.letterboxes, options, strict=True):
+            found = select(raw, asked)
+            selected.append(found._replace(boxes_xyxy=boxes_to_original(found.boxes_xyxy, letterbox)))
+        return selected
+
+
 def postprocess_settings(network: Any) -> Any | None:
     """The module whose `score_thresh` a torchvision detector's postprocess reads (`roi_heads` for
     the R-CNNs, the model itself for SSD, RetinaNet and FCOS); None for anything else."""
@@ -187,9 +221,13 @@ def yolo_detections(raw: torch.Tensor, options: DetectionOptions) -> DetectionTe
     candidates = yolo_candidates(raw)
     unlimited = replace(options, max_detections=candidates.scores.shape[0])
     return suppress_overlaps(select_detections(candidates, unlimited), options.iou_threshold,
-                             options.max_detections)
+                             options.max_detections, options.agnostic_nms)
 
 
-def detector_format(output: str, input_size: int, letterbox_fill: int) -> DetectorFormat:
-    """The strategy for a `detection.output` setting."""
-    return YoloFormat(input_size, letterbox_fill) if output == "yolo" else TorchvisionFormat()
+def detector_format(output: str, input_hw: tuple[int, int], letterbox_fill: int,
+                    end_to_end: bool = False) -> DetectorFormat:
+    """The strategy for a `detection.output` setting (the generic YOLO path's input is square:
+    its height)."""
+    if output == "ultralytics":
+        return UltralyticsFormat(input_hw, letterbox_fill, end_to_end)
+    return YoloFormat(input_hw[0], letterbox_fill) if output == "yolo" else TorchvisionFormat()

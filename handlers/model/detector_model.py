@@ -40,8 +40,8 @@ class DetectorModel:
         self.device = device
         self.labels, self.precision, self.network = load_for_serving(settings, model_dir,
                                                                      serialized_file, device)
-        self.format: DetectorFormat = detector_format(settings.output_format, settings.input_size,
-                                                      settings.letterbox_fill)
+        self.format: DetectorFormat = detector_format(settings.output_format, settings.input_hw,
+                                                      settings.letterbox_fill, settings.end_to_end)
         self._running = threading.Lock()    # a batch's settings of the network hold for its forward
         timeout_s = settings.compile.load_timeout_s if settings.compile else 0.0
         native_bf16 = device.type == "cpu" and model_loading.cpu_has_native_bf16()

@@ -88,11 +88,17 @@ def load_model(source: ModelSource, weights_path: Path, device: torch.device) ->
     """Load the archive's network in eval mode on `device`.
 
     timm / torchvision / project: architecture by name plus a state dict; torchscript: `torch.jit.save`
-    output; export: `torch.export.save` output (an ExportedProgram, run via `.module()`).
+    output; export: `torch.export.save` output (an ExportedProgram, run via `.module()`);
+    ultralytics: an Ultralytics export, TorchScript, or ONNX (a `.onnx` file: run by ONNX Runtime,
+    handlers.model.onnx_program).
     """
-    if source.source in STATE_DICT_SOURCES:
+    if source.source == "ultralytics" and weights_path.suffix == ".onnx":
+        from handlers.model.onnx_program import OnnxProgram
+
+        model: nn.Module = OnnxProgram(weights_path, device, torch.get_num_threads())
+    elif source.source in STATE_DICT_SOURCES:
         model = load_state_dict_model(source, weights_path)
-    elif source.source == "torchscript":
+    elif source.source in ("torchscript", "ultralytics"):
         model = torch.jit.load(str(weights_path), map_location="cpu")
     elif source.source == "export":
         model = torch.export.load(str(weights_path)).module()

@@ -20,12 +20,19 @@ from handlers.model.runner_order import ENGINE_WEIGHTS, ENGINES, RunnerName, par
 from handlers.model.runner_selection import ArchiveRunners, EngineModel
 from handlers.request import nvimgcodec_decoder
 from handlers.request.jpeg_batches import JpegDecoder
+from handlers.task.transforms import ResizeLibrary
 
-ModelSourceKind = Literal["timm", "torchvision", "project", "torchscript", "export"]
+ModelSourceKind = Literal["timm", "torchvision", "project", "torchscript", "export", "ultralytics"]
 # Sources named by an architecture and a state dict (`project`: an architecture defined in this
-# project, handlers.model.project_architectures); the others are whole programs.
+# project, handlers.model.project_architectures); the others are whole programs (`ultralytics`:
+# an Ultralytics export, TorchScript or ONNX by its file: handlers.model.model_loading).
 STATE_DICT_SOURCES = ("timm", "torchvision", "project")
-DetectionOutput = Literal["torchvision", "yolo"]
+# `yolo`: a YOLO-style single-tensor output, letterboxed and NMS'd the project's way;
+# `ultralytics`: the same output served as Ultralytics' own predict serves it.
+DetectionOutput = Literal["torchvision", "yolo", "ultralytics"]
+# What a classifier's network returns: logits (softmaxed here) or probabilities already (an
+# Ultralytics classification export, whose head ends in a softmax).
+ClassifierOutput = Literal["logits", "probabilities"]
 # An SSD-family detector's postprocess: `batched` (handlers.task.ssd_postprocess: the batch at once,
 # a fixed number of synchronisations), `per-image` (torchvision's own loop), `auto` (batched on a
 # GPU, torchvision's on a CPU, where its loop is the faster: docs/benchmarks.md).
@@ -98,6 +105,8 @@ class ClassifierSettings(HandlerSettings):
     channels_last: bool
     compile: CompileSettings | None
     jpeg_draft: bool = True
+    output: ClassifierOutput = "logits"
+    resize: ResizeLibrary = "torchvision"
     # Threads an OpenVINO / ONNX Runtime runner takes for a batch that begins while no other
     # worker of the host is in one (handlers.model.host_batches); None: the worker's threads.
     solo_threads: int | None = None
@@ -362,9 +371,11 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
         labels_file=str(handler_section.get("labels_file", "labels.json")),
         resize_size=resize_size,
         input_size=input_size,
+        resize=_choice(preprocess.get("resize", "torchvision"), "preprocess.resize", ResizeLibrary),
         mean=_triple(preprocess.get("mean", [0.485, 0.456, 0.406]), "preprocess.mean", False),
         std=_triple(preprocess.get("std", [0.229, 0.224, 0.225]), "preprocess.std", True),
         top_k=_positive_int(handler_section.get("top_k", 5), "top_k"),
+        output=_choice(handler_section.get("output", "logits"), "output", ClassifierOutput),
         precision=_choice(handler_section.get("precision", "fp32"), "precision", Precision),
         channels_last=bool(handler_section.get("channels_last", False)),
         compile=parse_compile(handler_section.get("compile")),
@@ -385,12 +396,17 @@ def parse_classifier_settings(handler_section: Mapping[str, Any] | None) -> Clas
 
 @dataclass(frozen=True)
 class DetectorSettings(HandlerSettings):
+    """A detector's settings. `runs_nms`: whether the handler runs the model's NMS (a YOLO-style
+    model's, not an end-to-end export's nor a torchvision detector's own)."""
+
     output_format: DetectionOutput
-    input_size: int
+    input_hw: tuple[int, int]          # a YOLO-style model's input (the generic path's: square)
     letterbox_fill: int
     defaults: DetectionOptions
     max_detections_cap: int
     postprocess: DetectorPostprocess = "auto"
+    # An Ultralytics export that answers its detections (`[B, N, 6]`, no NMS to run here).
+    end_to_end: bool = False
     # `compile:` of an SSD-family detector: its backbone and head on OpenVINO / ONNX Runtime, fp32
     # (handlers.model.ssd_engine); what the builder wrote, as for a classifier.
     compile: CompileSettings | None = None
@@ -400,6 +416,10 @@ class DetectorSettings(HandlerSettings):
     @property
     def archive_runners(self) -> ArchiveRunners:
         return ArchiveRunners((), self.engine_models, self.runner_order)
+
+    @property
+    def runs_nms(self) -> bool:
+        return self.output_format != "torchvision" and not self.end_to_end
 
 
 def _fraction_setting(value: Any, name: str) -> float:
@@ -430,6 +450,14 @@ def parse_detection_defaults(section: Mapping[str, Any]) -> tuple[DetectionOptio
     return options, cap
 
 
+def parse_input_hw(value: Any, name: str) -> tuple[int, int]:
+    """A side (square) or [height, width], each a positive integer."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return _positive_int(value[0], name), _positive_int(value[1], name)
+    side = _positive_int(value, name)
+    return side, side
+
+
 def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> DetectorSettings:
     """Parse and validate the `handler:` section of a detection archive's YAML."""
     if not handler_section:
@@ -439,17 +467,27 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
     fill = detection.get("letterbox_fill", 114)
     if isinstance(fill, bool) or not isinstance(fill, int) or not 0 <= fill <= 255:
         raise SettingsError(f"'detection.letterbox_fill' must be an integer 0..255, got {fill!r}")
+    input_hw = parse_input_hw(detection.get("input_size", 640), "detection.input_size")
+    end_to_end = _switch(detection.get("end_to_end", False), "detection.end_to_end")
+    if end_to_end and detection.get("output") != "ultralytics":
+        raise SettingsError("'detection.end_to_end' applies to Ultralytics exports (detection.output: "
+                            "ultralytics)")
+    if detection.get("output") == "yolo" and input_hw[0] != input_hw[1]:
+        raise SettingsError(f"'detection.output: yolo' letterboxes to a square input; got "
+                            f"'detection.input_size' {list(input_hw)} (an Ultralytics export of any "
+                            "size: output ultralytics)")
     return DetectorSettings(
         model=parse_model_source(_require(handler_section, "model", "handler")),
         labels_file=str(handler_section.get("labels_file", "labels.json")),
         output_format=_choice(detection.get("output", "torchvision"), "detection.output",
                               DetectionOutput),
-        input_size=_positive_int(detection.get("input_size", 640), "detection.input_size"),
+        input_hw=input_hw,
         letterbox_fill=fill,
         defaults=defaults,
         max_detections_cap=cap,
         postprocess=_choice(detection.get("postprocess", "auto"), "detection.postprocess",
                             DetectorPostprocess),
+        end_to_end=end_to_end,
         precision=_choice(handler_section.get("precision", "fp32"), "precision", Precision),
         limits=parse_limits(handler_section.get("limits", {})),
         compile=parse_detector_compile(handler_section.get("compile"), detection.get("output")),

@@ -29,6 +29,9 @@ class DetectorCaps(Protocol):
     @property
     def max_detections_cap(self) -> int: ...
 
+    @property
+    def runs_nms(self) -> bool: ...
+
 
 class DetectClassifyDefaults(Protocol):
     """What the options read of the pipeline's settings (`handlers.model.pipeline_settings.
@@ -67,7 +70,9 @@ def parse_detect_classify_options(row: Mapping[str, Any], header: Callable[[str]
                                   settings: DetectClassifyDefaults, detector_labels: Sequence[str],
                                   classifier_class_count: int) -> DetectClassifyOptions:
     """This request's options; ClientError(400) when invalid."""
+    detector = settings.detector_settings
     detection = parse_detection_options(row, header, settings.detection_defaults, detector_labels,
-                                        settings.detector_settings.max_detections_cap)
+                                        detector.max_detections_cap,
+                                        nms_here=detector.runs_nms)
     return DetectClassifyOptions(detection, parse_box_options(row, header, settings, detector_labels,
                                                               classifier_class_count))

@@ -30,6 +30,19 @@ def parse_count(name: str, value: object, cap: int) -> int:
     return number
 
 
+SWITCH_TEXTS = {"true": True, "1": True, "yes": True, "on": True,
+                "false": False, "0": False, "no": False, "off": False}
+
+
+def parse_switch(name: str, value: object) -> bool:
+    """A yes/no option: JSON true / false, or (a form field, a header) true, false, 1, 0, yes, no,
+    on, off in any case."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    if text not in SWITCH_TEXTS:
+        raise invalid_option(name, value, "true or false")
+    return SWITCH_TEXTS[text]
 
 
 def parse_fraction(name: str, value: object, *, allow_zero: bool = True) -> float:

@@ -14,7 +14,7 @@ from typing import NamedTuple, TypedDict
 
 import numpy as np
 import torch
-from torchvision.ops import batched_nms, box_convert
+from torchvision.ops import batched_nms, box_convert, nms
 
 from handlers.ground.kind_options import DetectionOptions
 from handlers.task.letterbox import Letterbox
@@ -97,11 +97,15 @@ def yolo_candidates(raw: torch.Tensor) -> DetectionTensors:
                             class_indices)
 
 
-def suppress_overlaps(detections: DetectionTensors, iou_threshold: float,
-                      max_detections: int) -> DetectionTensors:
-    """Per-class non-maximum suppression, then the best `max_detections`, best first."""
-    keep = batched_nms(detections.boxes_xyxy, detections.scores, detections.class_indices,
-                       iou_threshold)[:max_detections]
+def suppress_overlaps(detections: DetectionTensors, iou_threshold: float, max_detections: int,
+                      agnostic: bool = False) -> DetectionTensors:
+    """Per-class non-maximum suppression (across classes when `agnostic`), then the best
+    `max_detections`, best first."""
+    if agnostic:
+        keep = nms(detections.boxes_xyxy, detections.scores, iou_threshold)[:max_detections]
+    else:
+        keep = batched_nms(detections.boxes_xyxy, detections.scores, detections.class_indices,
+                           iou_threshold)[:max_detections]
     return DetectionTensors(detections.boxes_xyxy[keep], detections.scores[keep],
                             detections.class_indices[keep])
 

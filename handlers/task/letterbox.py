@@ -1,4 +1,10 @@
-"""Letterboxing for square-input detectors: resize keeping aspect ratio, pad to a square.
+"""Letterboxing for fixed-input detectors: resize keeping aspect ratio, pad to the input size.
+
+Two geometries and resizes: the generic YOLO-style path's (a square input, centred with the odd
+pixel after, the project's antialiased resize) and Ultralytics' own (`LetterBox` in
+ultralytics/data/augment.py, what its `predict` does for a fixed-size export: any input height
+and width, each side rounded half to even, its pads split by `round(d - 0.1)` / `round(d + 0.1)`,
+OpenCV's bilinear resize: handlers.task.opencv_resize).
 
 The parameters of each letterbox are returned with the image and passed to postprocessing,
 which maps boxes back with them; they are never re-derived from shapes.
@@ -14,6 +20,7 @@ from torchvision.ops import clip_boxes_to_image
 from torchvision.transforms.v2 import functional as F
 
 from handlers.task.fixed_point_resize import resize_uint8
+from handlers.task.opencv_resize import linear_resize_uint8
 
 
 @dataclass(frozen=True)
@@ -21,14 +28,14 @@ class Letterbox:
     """How one image was placed in the square model input.
 
     The original `original_hw` image was resized to `resized_hw` and pasted at
-    (`pad_left`, `pad_top`) into an `input_size` x `input_size` canvas.
+    (`pad_left`, `pad_top`) into an `input_hw` canvas.
     """
 
     original_hw: tuple[int, int]
     resized_hw: tuple[int, int]
     pad_top: int
     pad_left: int
-    input_size: int
+    input_hw: tuple[int, int]
 
     @property
     def scale_y(self) -> float:
@@ -46,18 +53,34 @@ def letterbox_geometry(original_hw: tuple[int, int], input_size: int) -> Letterb
     resized_h = max(1, min(input_size, round(height * ratio)))
     resized_w = max(1, min(input_size, round(width * ratio)))
     return Letterbox(original_hw, (resized_h, resized_w), (input_size - resized_h) // 2,
-                     (input_size - resized_w) // 2, input_size)
+                     (input_size - resized_w) // 2, (input_size, input_size))
+
+
+def ultralytics_geometry(original_hw: tuple[int, int], input_hw: tuple[int, int]) -> Letterbox:
+    """Ultralytics' `LetterBox` for a fixed-size export (scale up allowed, centred, no stride
+    rounding): the ratio min(H / h, W / w), each side `max(round(side * ratio), 1)` (Python's
+    round, half to even), the top and left pads `round(pad / 2 - 0.1)`."""
+    height, width = original_hw
+    ratio = min(input_hw[0] / height, input_hw[1] / width)
+    resized_h, resized_w = max(round(height * ratio), 1), max(round(width * ratio), 1)
+    pad_h, pad_w = (input_hw[0] - resized_h) / 2, (input_hw[1] - resized_w) / 2
+    return Letterbox(original_hw, (resized_h, resized_w), round(pad_h - 0.1), round(pad_w - 0.1), input_hw)
+
+
+def placed(resized: torch.Tensor, geometry: Letterbox, fill: int) -> torch.Tensor:
+    """`uint8[C, h, w]` already resized to `geometry.resized_hw` -> the `uint8[C, H, W]` canvas of
+    `fill` with it at the geometry's pads."""
+    canvas = torch.full((resized.shape[0], *geometry.input_hw), fill, dtype=resized.dtype,
+                        device=resized.device)
+    top, left = geometry.pad_top, geometry.pad_left
+    canvas[:, top: top + geometry.resized_hw[0], left: left + geometry.resized_hw[1]] = resized
+    return canvas
 
 
 def letterbox_image(image: torch.Tensor, input_size: int, fill: int) -> tuple[torch.Tensor, Letterbox]:
     """`uint8[3, H, W]` -> (`uint8[3, S, S]`, its Letterbox). The input is not modified."""
     geometry = letterbox_geometry((image.shape[-2], image.shape[-1]), input_size)
-    resized = resize_uint8(image, geometry.resized_hw)
-    canvas = torch.full((image.shape[0], input_size, input_size), fill, dtype=image.dtype,
-                        device=image.device)
-    top, left = geometry.pad_top, geometry.pad_left
-    canvas[:, top: top + geometry.resized_hw[0], left: left + geometry.resized_hw[1]] = resized
-    return canvas, geometry
+    return placed(resize_uint8(image, geometry.resized_hw), geometry, fill), geometry
 
 
 def letterbox_batch(images: Sequence[torch.Tensor], input_size: int, fill: int,
@@ -68,6 +91,22 @@ def letterbox_batch(images: Sequence[torch.Tensor], input_size: int, fill: int,
     boxed = [letterbox_image(image.to(device, non_blocking=True), input_size, fill) for image in images]
     batch = torch.stack([canvas for canvas, _ in boxed])
     return F.to_dtype(batch, torch.float32, scale=True), [geometry for _, geometry in boxed]
+
+
+def ultralytics_letterbox_batch(images: Sequence[torch.Tensor], input_hw: tuple[int, int], fill: int,
+                                device: torch.device) -> tuple[torch.Tensor, list[Letterbox]]:
+    """Decoded `uint8[3, H_i, W_i]` images -> (`float32[B, 3, H, W]` on `device`, one Letterbox per
+    image): each as Ultralytics' predict prepares it (`ultralytics_geometry`, OpenCV's bilinear
+    resize, the pads filled with `fill`), divided by 255 as it divides."""
+    if not images:
+        raise ValueError("ultralytics_letterbox_batch needs at least one image")
+    canvases, geometries = [], []
+    for image in images:
+        on_device = image.to(device, non_blocking=True)
+        geometry = ultralytics_geometry((int(image.shape[-2]), int(image.shape[-1])), input_hw)
+        canvases.append(placed(linear_resize_uint8(on_device, geometry.resized_hw), geometry, fill))
+        geometries.append(geometry)
+    return torch.stack(canvases).float().div_(255), geometries
 
 
 def boxes_to_original(boxes_xyxy: torch.Tensor, letterbox: Letterbox) -> torch.Tensor:

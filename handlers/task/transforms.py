@@ -2,19 +2,28 @@
 
 Images of a batch differ in size: those of one size are resized and cropped together (one
 tensor operation per size, with the same uint8 arithmetic on every device:
-handlers.task.fixed_point_resize); the crops are then normalized as one batch.
+handlers.task.fixed_point_resize); the crops are then normalized as one batch. An archive that
+must resize as Pillow does (`preprocess.resize: pillow`: an Ultralytics classification export,
+whose own preprocessing is torchvision's `Resize` on a PIL image) has each image resized by
+Pillow itself, on the host.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Literal
 
+import numpy as np
 import torch
+from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 from handlers.task import resize_kernels
 from handlers.task.fixed_point_resize import resize_uint8
+
+# Whose resize: the project's (ATen's uint8 antialiased arithmetic, on every device) or Pillow's.
+ResizeLibrary = Literal["torchvision", "pillow"]
 
 
 def resized_size_hw(size_hw: tuple[int, int], short_side: int) -> tuple[int, int]:
@@ -48,6 +57,20 @@ def resized_crops(images: Sequence[torch.Tensor], resize_size: int, crop_size: i
         same_size = stacked([images[index].to(device, non_blocking=True) for index in indices])
         crops[indices] = resize_and_center_crop(same_size, resize_size, crop_size)
     return crops
+
+
+def pillow_resized_crops(images: Sequence[torch.Tensor], resize_size: int, crop_size: int,
+                         device: torch.device) -> torch.Tensor:
+    """`resized_crops` with each image resized by Pillow (`Image.resize(..., BILINEAR)`, what
+    torchvision's `Resize` does to a PIL image) on the host, then centre-cropped as
+    torchvision's `CenterCrop` crops, on `device`."""
+    crops = []
+    for image in images:
+        height, width = resized_size_hw((int(image.shape[-2]), int(image.shape[-1])), resize_size)
+        pixels = Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
+        resized = np.asarray(pixels.resize((width, height), Image.Resampling.BILINEAR))
+        crops.append(F.center_crop(torch.from_numpy(resized).permute(2, 0, 1), [crop_size, crop_size]))
+    return torch.stack(crops).to(device, non_blocking=True)
 
 
 def indices_by_size(images: Sequence[torch.Tensor]) -> dict[tuple[int, int], list[int]]:
@@ -98,12 +121,16 @@ def preprocess_classification_batch(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     kernels: bool = False,
+    resize: ResizeLibrary = "torchvision",
 ) -> torch.Tensor:
     """Decoded `uint8[3, H_i, W_i]` images -> one normalized `dtype[B, 3, crop, crop]` batch on
-    `device`; with `kernels`, by handlers.task.resize_kernels (the same values, per size).
+    `device`; with `kernels`, by handlers.task.resize_kernels (the same values, per size); with
+    `resize="pillow"`, resized by Pillow (`pillow_resized_crops`).
     Raises ValueError for an empty sequence (a batch has at least one image)."""
     if not images:
         raise ValueError("preprocess_classification_batch needs at least one image")
+    if resize == "pillow":
+        return normalize_batch(pillow_resized_crops(images, resize_size, crop_size, device), mean, std, dtype)
     if kernels:
         return kernel_crops_normalized(images, resize_size, crop_size, mean, std, device, dtype)
     return normalize_batch(resized_crops(images, resize_size, crop_size, device), mean, std, dtype)

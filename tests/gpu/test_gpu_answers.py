@@ -12,6 +12,7 @@ compare the CPU with itself.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from handlers.request.jpeg_batches import JPEG_DECODERS
 from handlers.task.fixed_point_resize import resize_exact
 from tests.answers import default_classifier
 from tests.archives import stage_model_dir
+from tests.detections import rows_from_answer
 from tests.images import (
     corrupted_jpegs,
     decoded,
@@ -33,7 +35,10 @@ from tests.images import (
     jpeg_with_broken_huffman_table,
     textured_rgb,
 )
+from tests.ultralytics_models import assert_detections_within, comparison_photos
 from torchserve_vision.lab.device_answers import STORED_TURNED, answer_check_images, compare_devices
+from torchserve_vision.local_handler import archive_context, load_handler
+from torchserve_vision.model_descriptions import parse_description
 from torchserve_vision.photo_sets import jpeg, project_photos
 
 pytestmark = pytest.mark.gpu
@@ -130,3 +135,25 @@ def test_a_rotated_jpeg_comes_out_upright_on_the_device(device, orientation, dec
     # the photo mirrored would be (the gradient runs along its width).
     near = (on_device.cpu().float() - on_cpu.float()).abs().mean()
     assert near < 0.25 * (on_cpu.float() - on_cpu.flip(-1).float()).abs().mean()
+
+
+@pytest.mark.parametrize("name", ["yolov8n.torchscript", "yolo26n-end2end.torchscript"])
+def test_an_ultralytics_export_answers_the_cpus_detections_on_the_gpu(name, ultralytics_exports, gpu_id,
+                                                                      tmp_path):
+    """The batched GPU path of an Ultralytics export: the same integer letterbox on the device
+    (OpenCV's resize, bit for bit), the network in float32 there, Ultralytics' NMS on the device.
+    Each photo's detections are the CPU's within the bounds against Ultralytics itself (boxes
+    1 px, scores 1e-3, a detection within 1e-3 of the threshold on either side)."""
+    description = parse_description({"name": "yolo", "task": "detection", "model": {
+        "source": "ultralytics", "weights": str(ultralytics_exports[name])}})
+    model_dir = stage_model_dir(description, tmp_path)
+    bodies = list(comparison_photos().values())
+    rows = [{"body": bytearray(body)} for body in bodies]
+    answers = {}
+    for device_id in (None, gpu_id):
+        handler = load_handler(model_dir, 8, device_id)
+        context = archive_context(model_dir, 8, [{} for _ in rows], device_id)
+        answers[device_id] = [json.loads(reply) for reply in handler.handle(rows, context)]
+        assert all(context.status(index) == 200 for index in range(len(rows)))
+    for on_cpu, on_device in zip(answers[None], answers[gpu_id], strict=True):
+        assert_detections_within(on_device, rows_from_answer(on_cpu), 0.25)

@@ -54,3 +54,31 @@ def test_malformed_or_out_of_range_values_are_400(fields, message):
     with pytest.raises(ClientError) as caught:
         parse({"body": {"data": "x", **fields}})
     assert caught.value.status == 400 and message in caught.value.message
+
+
+@pytest.mark.parametrize(("row", "headers", "agnostic"), [
+    ({"body": {"data": "x", "agnostic_nms": True}}, {}, True),
+    ({"body": {"data": "x", "agnostic_nms": False}}, {"X-Agnostic-NMS": "true"}, False),   # the body wins
+    ({"body": bytearray(b"img")}, {"X-Agnostic-NMS": "True"}, True),
+    ({"body": bytearray(b"img")}, {"X-Agnostic-NMS": "0"}, False),
+    ({"data": bytearray(b"img"), "agnostic_nms": bytearray(b"yes")}, {}, True),          # a form field
+])
+def test_class_agnostic_nms_from_a_json_field_a_form_field_or_a_header(row, headers, agnostic):
+    assert parse(row, headers).agnostic_nms is agnostic
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, 0.5, ["true"]])
+def test_a_class_agnostic_nms_that_is_not_true_or_false_is_400(value):
+    with pytest.raises(ClientError) as caught:
+        parse({"body": {"data": "x", "agnostic_nms": value}})
+    assert caught.value.status == 400 and "agnostic_nms" in caught.value.message
+
+
+def test_a_detector_whose_nms_is_not_run_here_refuses_class_agnostic_nms_only():
+    def without_nms(row, headers):
+        return parse_detection_options(row, headers.get, DEFAULTS, LABELS, 300, nms_here=False)
+
+    assert without_nms({"body": {"data": "x", "agnostic_nms": False}}, {}).agnostic_nms is False
+    with pytest.raises(ClientError) as caught:
+        without_nms({"body": bytearray(b"img")}, {"X-Agnostic-NMS": "true"})
+    assert caught.value.status == 400 and "NMS is not run here" in caught.value.message

@@ -153,3 +153,22 @@ def test_without_the_cpu_index_the_cpu_image_takes_torch_hash_checked_from_the_g
 def test_an_unknown_target_is_refused(tmp_path: Path):
     status, calls, output = installed(tmp_path, "tpu", CPU_INDEX)
     assert status == 2 and calls == [] and "cpu or gpu" in output
+
+
+def test_ultralytics_is_a_test_dependency_only():
+    """AGPL-3.0: pinned for the tests in requirements-ultralytics.txt and nowhere a user's
+    install, the image or the project's code when it serves or builds can take it from."""
+    def mentions(path: Path) -> bool:
+        return any(normalised(line.split("==")[0].strip()) == "ultralytics"
+                   for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
+
+    assert mentions(REPO / "requirements-ultralytics.txt")
+    for path in (REPO / "requirements.txt", REPO / "constraints.txt", *LOCKS.values()):
+        assert not mentions(path), path
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *(dep for group in project["optional-dependencies"].values()
+                                            for dep in group)]
+    assert not [dep for dep in declared if normalised(re.split(r"[=<>\[ ;]", dep)[0]) == "ultralytics"]
+    for package in ("handlers", "torchserve_vision"):
+        for source in (REPO / package).rglob("*.py"):
+            assert not re.search(r"^\s*(import|from) ultralytics", source.read_text(), re.MULTILINE), source

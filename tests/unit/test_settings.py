@@ -135,3 +135,39 @@ def test_solo_threads_are_at_least_the_workers_own():
         parse_solo_threads({"torch_threads": 2, "solo_threads": 1})
     with pytest.raises(SettingsError, match="solo_threads"):
         parse_solo_threads({"solo_threads": 0})
+
+
+ULTRALYTICS = {"model": {"source": "ultralytics"}}
+
+
+def test_an_ultralytics_detector_takes_any_input_size_and_may_be_end_to_end():
+    detection = {"output": "ultralytics", "input_size": [480, 640], "end_to_end": True}
+    settings = parse_detector_settings({**ULTRALYTICS, "detection": detection})
+    assert (settings.output_format, settings.input_hw, settings.end_to_end) == ("ultralytics", (480, 640),
+                                                                                True)
+    assert not settings.runs_nms
+    detection = {"output": "ultralytics", "input_size": 640}
+    square = parse_detector_settings({**ULTRALYTICS, "detection": detection})
+    assert square.input_hw == (640, 640) and square.runs_nms
+    assert not parse_detector_settings(DETECTOR).runs_nms                  # a torchvision detector's own
+
+
+@pytest.mark.parametrize(("detection", "message"), [
+    ({"output": "yolo", "input_size": [480, 640]}, "letterboxes to a square input"),
+    ({"output": "torchvision", "end_to_end": True}, r"end_to_end' applies to Ultralytics exports"),
+    ({"output": "ultralytics", "input_size": [640]}, r"input_size' must be a positive integer"),
+    ({"output": "ultralytics", "input_size": [0, 640]}, r"input_size' must be a positive integer"),
+])
+def test_detector_geometry_that_cannot_serve_is_refused(detection, message):
+    with pytest.raises(SettingsError, match=message):
+        parse_detector_settings({**ULTRALYTICS, "detection": detection})
+
+
+def test_a_classifier_may_answer_its_own_probabilities_and_resize_as_pillow():
+    settings = parse_classifier_settings({**ULTRALYTICS, "output": "probabilities",
+                                          "preprocess": {"resize": "pillow"}})
+    assert (settings.output, settings.resize) == ("probabilities", "pillow")
+    assert (parse_classifier_settings(MINIMAL).output, parse_classifier_settings(MINIMAL).resize) == (
+        "logits", "torchvision")
+    with pytest.raises(SettingsError, match=r"'preprocess\.resize' must be one of torchvision, pillow"):
+        parse_classifier_settings({**MINIMAL, "preprocess": {"resize": "opencv"}})

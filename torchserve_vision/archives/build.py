@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,19 @@ from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.int8_quantization import Int8Gate, Int8GateFailed, Int8Request, Preprocessing
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
 from torchserve_vision.archives.pretrained_weights import packaged_state_dict
+from torchserve_vision.archives.ultralytics_exports import (
+    ExportError,
+    UltralyticsExport,
+    read_export,
+)
+from torchserve_vision.archives.ultralytics_exports import handler_options as export_handler_options
 from torchserve_vision.archives.weights_error import WeightsError
 from torchserve_vision.errors import CommandError
 from torchserve_vision.model_descriptions import (
+    EXPORT_LABELS,
     QUEUED,
     SERIALIZED_NAMES,
+    ULTRALYTICS_ONNX_NAME,
     DescriptionError,
     ModelDescription,
     resolve_labels,
@@ -174,6 +182,70 @@ def copy_program(description: ModelDescription, target: Path) -> None:
     shutil.copyfile(path, target)
 
 
+# --- Ultralytics exports ---------------------------------------------------------------------------
+# Handler options an export fixes: a description may not say otherwise (it would not answer as
+# Ultralytics does); the others (thresholds, caps, limits, top_k) it may set.
+EXPORT_FIXED = {("detection", "output"), ("detection", "input_size"), ("detection", "end_to_end"),
+                ("preprocess", "input_size"), ("preprocess", "resize_size"), ("preprocess", "resize"),
+                ("preprocess", "mean"), ("preprocess", "std"), ("output",)}
+
+
+def with_export(description: ModelDescription) -> tuple[ModelDescription, UltralyticsExport | None]:
+    """For `source: ultralytics`: its export, read and checked, and the description with the
+    handler options the export implies under its own (a task or option that contradicts the
+    export is a BuildError); other descriptions as they are, with None."""
+    if description.source != "ultralytics":
+        return description, None
+    try:
+        export = read_export(Path(description.weights).expanduser())
+        implied = export_handler_options(export)
+    except ExportError as error:
+        raise BuildError(f"{description.name}: {error}") from None
+    if description.task != export.task:
+        raise BuildError(f"{description.name}: the description says task {description.task!r}, but "
+                         f"{export.path.name} is an Ultralytics {export.task} export")
+    options = {key: (dict(value) if isinstance(value, Mapping) else value) for key, value in implied.items()}
+    for key, value in description.handler_options.items():
+        if isinstance(value, Mapping) and isinstance(options.get(key), dict):
+            for inner, inner_value in value.items():
+                _check_not_fixed(description, (key, inner), options[key].get(inner), inner_value)
+                options[key][inner] = inner_value
+        else:
+            _check_not_fixed(description, (key,), options.get(key), value)
+            options[key] = value
+    return replace(description, handler_options=options), export
+
+
+def _comparable(key: tuple[str, ...], value: Any) -> Any:
+    """A fixed option's value in one form: sizes as [height, width], numbers as floats."""
+    if key == ("detection", "input_size") and isinstance(value, int):
+        value = [value, value]
+    if isinstance(value, (list, tuple)):
+        return [float(item) if isinstance(item, (int, float)) else item for item in value]
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _check_not_fixed(description: ModelDescription, key: tuple[str, ...], implied: Any, given: Any) -> None:
+    if key in EXPORT_FIXED and _comparable(key, given) != _comparable(key, implied):
+        raise BuildError(f"{description.name}: '{'.'.join(key)}: {given}' contradicts the export "
+                         f"({implied}): an Ultralytics export is served as Ultralytics' predict serves "
+                         "it (for another preprocessing, build it with --source torchscript)")
+
+
+def export_labels(description: ModelDescription, export: UltralyticsExport) -> list[str]:
+    """The export's own class names, or (`--labels`, `labels:`) the description's, as many."""
+    if description.labels == EXPORT_LABELS:
+        return list(export.names)
+    try:
+        labels = resolve_labels(description.labels)
+    except DescriptionError as error:
+        raise BuildError(f"{description.name}: {error}") from None
+    if len(labels) != len(export.names):
+        raise BuildError(f"{description.name}: {len(labels)} labels for the export's {len(export.names)} "
+                         "classes")
+    return labels
+
+
 def check_architecture(description: ModelDescription) -> None:
     if description.source == "timm":
         import timm
@@ -207,9 +279,10 @@ def compile_request(description: ModelDescription, int8_images: Path | None = No
         return None
     if not description.kind.compiles:
         raise BuildError(f"{description.name}: 'compile' applies to classification archives only")
-    if description.source == "torchscript":
-        raise BuildError(f"{description.name}: a TorchScript model cannot be compiled ahead of time; "
-                         "export it with torch.export (source: export) instead")
+    if description.source in ("torchscript", "ultralytics"):
+        raise BuildError(f"{description.name}: a TorchScript or Ultralytics export cannot be compiled "
+                         "ahead of time here; serve it as it is, or export it with torch.export "
+                         "(source: export)")
     parsed = parse_classifier_settings({**description.handler_options,
                                         "model": {"source": description.source,
                                                   "architecture": description.architecture}})
@@ -325,13 +398,17 @@ def stage_files(description: ModelDescription, staging: Path, target: BuildTarge
                 int8_images: Path | None = None, force_int8: bool = False) -> Path:
     """Write weights, labels, YAML and the handlers package into `staging`; return the weights.
     For the `gpu` target no CPU package is compiled (GPU workers refuse them all)."""
+    description, export = with_export(description)
     request = compile_request(description, int8_images, force_int8)  # checked before any weights
     if target == "gpu":
         request = None
-    try:
-        labels = resolve_labels(description.labels)
-    except DescriptionError as error:
-        raise BuildError(f"{description.name}: {error}") from None
+    if export is not None:
+        labels = export_labels(description, export)
+    else:
+        try:
+            labels = resolve_labels(description.labels)
+        except DescriptionError as error:
+            raise BuildError(f"{description.name}: {error}") from None
     num_classes = description.num_classes
     if description.source in STATE_DICT_SOURCES:
         num_classes = num_classes or len(labels)
@@ -340,7 +417,10 @@ def stage_files(description: ModelDescription, staging: Path, target: BuildTarge
                              f"{len(labels)} labels")
     check_architecture(description)
     weights = staging / SERIALIZED_NAMES[description.source]
-    if description.source in STATE_DICT_SOURCES:
+    if export is not None:
+        weights = weights.with_name(ULTRALYTICS_ONNX_NAME) if export.format == "onnx" else weights
+        shutil.copyfile(export.path, weights)
+    elif description.source in STATE_DICT_SOURCES:
         write_state_dict(description, num_classes or len(labels), weights)
     else:
         copy_program(description, weights)

@@ -14,6 +14,7 @@ from torchserve_vision import paths
 from torchserve_vision.archives import BUILD_TARGETS
 from torchserve_vision.cli.common import model_store_flag, subcommand
 from torchserve_vision.model_descriptions import (
+    EXPORT_LABELS,
     SERIALIZED_NAMES,
     DescriptionError,
     ModelDescription,
@@ -80,16 +81,24 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="exit 1 when these configs (default: both) disagree with the descriptions")
     single = parser.add_argument_group("one model from flags (instead of --models)")
     single.add_argument("--name")
-    single.add_argument("--task", default="classification", choices=sorted(KINDS))
-    single.add_argument("--source", choices=sorted(SERIALIZED_NAMES), default="torchvision")
+    single.add_argument("--task", choices=sorted(KINDS),
+                        help="default: an Ultralytics export's own (--source ultralytics), else "
+                             "classification")
+    single.add_argument("--source", choices=sorted(SERIALIZED_NAMES), default="torchvision",
+                        help="ultralytics: an Ultralytics TorchScript or ONNX export, served as "
+                             "Ultralytics' predict serves it; its task, input size and class names "
+                             "come from the export's metadata")
     single.add_argument("--architecture", help="timm or torchvision model name, e.g. resnet50")
-    single.add_argument("--weights", help="state-dict file, or TorchScript / torch.export file")
-    single.add_argument("--labels", help="imagenet, coco, or a labels file "
-                        "(default: imagenet for classification, coco for detection)")
+    single.add_argument("--weights", help="state-dict file, TorchScript / torch.export file, or an "
+                                          "Ultralytics export (.torchscript, .onnx)")
+    single.add_argument("--labels", help="imagenet, coco, or a labels file (default: imagenet for "
+                        "classification, coco for detection, an Ultralytics export's own names)")
     single.add_argument("--num-classes", type=int)
     single.add_argument("--top-k", type=int, help="classification: classes returned")
-    single.add_argument("--detection-output", choices=("torchvision", "yolo"), default="torchvision",
-                        help="detection: a torchvision detector, or a YOLO-style [B, 4+C, N] model")
+    single.add_argument("--detection-output", choices=("torchvision", "yolo", "ultralytics"),
+                        help="detection: a torchvision detector (the default), a YOLO-style "
+                             "[B, 4+C, N] model, or an Ultralytics export (the default with "
+                             "--source ultralytics)")
     single.add_argument("--input-size", type=int,
                         help="classification: centre-crop size; detection (yolo): square input size")
     single.add_argument("--resize-size", type=int,
@@ -114,18 +123,33 @@ def pipeline_from_flags(args: argparse.Namespace) -> ModelDescription:
     if len(stages) != len(args.stages or []):
         raise DescriptionError("--stages takes ROLE=ARCHIVE pairs, e.g. first=efficientnet_lite0-1.0")
     return parse_description({"name": args.name, "version": args.version or "1.0",
-                              "task": args.task, "stages": stages})
+                              "task": flag_task(args), "stages": stages})
+
+
+def flag_task(args: argparse.Namespace) -> str:
+    """--task, else an Ultralytics export's own (read from its metadata), else classification."""
+    if args.task:
+        return str(args.task)
+    if args.source == "ultralytics" and args.weights:
+        from torchserve_vision.archives.ultralytics_exports import read_export
+
+        return read_export(Path(args.weights).expanduser()).task
+    return "classification"
 
 
 def description_from_flags(args: argparse.Namespace) -> ModelDescription:
-    kind = kind_of(args.task)
+    task = flag_task(args)
+    kind = kind_of(task)
     if kind.is_pipeline:
         return pipeline_from_flags(args)
+    ultralytics = args.source == "ultralytics"
     options: dict[str, Any] = {}
     if args.top_k:
         options["top_k"] = args.top_k
     if kind.network == "detector":
-        options["detection"] = {"output": args.detection_output}
+        options["detection"] = {}
+        if args.detection_output or not ultralytics:    # an export's is implied by it
+            options["detection"]["output"] = args.detection_output or "torchvision"
         if args.input_size:
             options["detection"]["input_size"] = args.input_size
     else:
@@ -133,9 +157,9 @@ def description_from_flags(args: argparse.Namespace) -> ModelDescription:
                       "mean": args.mean, "std": args.std}
         if any(value is not None for value in preprocess.values()):
             options["preprocess"] = {k: v for k, v in preprocess.items() if v is not None}
-    labels = args.labels or kind.default_labels
+    labels = args.labels or (EXPORT_LABELS if ultralytics else kind.default_labels)
     return parse_description({
-        "name": args.name, "version": args.version or "1.0", "task": args.task, "labels": labels,
+        "name": args.name, "version": args.version or "1.0", "task": task, "labels": labels,
         "model": {"source": args.source, "architecture": args.architecture,
                   "weights": args.weights, "num_classes": args.num_classes, "kwargs": args.kwargs},
         "handler": options,
@@ -154,7 +178,7 @@ def settings_base(built: ModelDescription, models: Path) -> ModelDescription | N
 
 def chosen_descriptions(args: argparse.Namespace) -> list[ModelDescription]:
     if args.name:
-        if not args.weights and not kind_of(args.task).is_pipeline:
+        if not args.weights and not kind_of(args.task or "classification").is_pipeline:
             raise DescriptionError("--weights is required with --name")
         built = description_from_flags(args)
         base = None if args.fresh else settings_base(built, args.models)

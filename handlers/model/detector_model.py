@@ -2,7 +2,8 @@
 output format (torchvision detector or YOLO-style; see `handlers.model.detector_formats`) and
 runner: an SSD-family detector whose archive has its backbone and head for OpenVINO or ONNX
 Runtime runs them there when one passes its check (handlers.model.runner_selection), else the
-eager network serves.
+eager network serves; an Ultralytics export whose archive has its OpenVINO model runs that when it
+passes its check (handlers.model.ultralytics_engine), else the export itself.
 
 Used by the object detector and by the detect-then-classify pipeline.
 """
@@ -22,7 +23,7 @@ from handlers.model import model_loading
 from handlers.model.compiled_model import MachineTarget
 from handlers.model.detector_formats import BatchedSsdFormat, DetectorFormat, detector_format
 from handlers.model.model_loading import autocast, load_for_serving
-from handlers.model.runner_selection import RunnerChoice, choose_detector_runner
+from handlers.model.runner_selection import RunnerChoice, choose_detector_runner, choose_ultralytics_runner
 from handlers.model.settings import DetectorSettings
 from handlers.model.ssd_engine import NotAnSsdDetector, SsdBackboneHead, SsdEngineDetector, ssd_input_size_hw
 from handlers.task.detection import DetectionTensors, DetectorInput, lowest_score_asked
@@ -46,10 +47,18 @@ class DetectorModel:
         timeout_s = settings.compile.load_timeout_s if settings.compile else 0.0
         native_bf16 = device.type == "cpu" and model_loading.cpu_has_native_bf16()
         self.runner: RunnerChoice
+        machine = MachineTarget.here(device, self.precision)
+        self.run: Any
+        if settings.output_format == "ultralytics":
+            export_engine, self.runner = choose_ultralytics_runner(
+                settings.archive_runners, model_dir, machine, native_bf16, self.network, timeout_s,
+                torch.get_num_threads())
+            self.run = self.network if export_engine is None else export_engine
+            return
         engine, self.runner = choose_detector_runner(
-            settings.archive_runners, model_dir, MachineTarget.here(device, self.precision),
-            native_bf16, self.network, timeout_s, torch.get_num_threads())
-        self.run: Any = self.network if engine is None else SsdEngineDetector(self.network, engine)
+            settings.archive_runners, model_dir, machine, native_bf16, self.network, timeout_s,
+            torch.get_num_threads())
+        self.run = self.network if engine is None else SsdEngineDetector(self.network, engine)
         if postprocesses_batched(settings, device, self.network):
             self.format = BatchedSsdFormat(self.network)
             self.run = SsdBackboneHead(self.network) if engine is None else engine

@@ -61,6 +61,13 @@ DEFAULT_DETECTOR_RUNNER_ORDER: Mapping[str, tuple[str, ...]] = {
 }
 
 
+# An Ultralytics TorchScript export's OpenVINO model, fp32 (the export itself serves when it is
+# refused). Measured with `torchserve-vision lab ultralytics` on YOLOv8n at 640 on a 2-core AMD
+# EPYC Zen 4 (AVX512-BF16, no AMX): 1.6-1.9x the TorchScript export (docs/benchmarks.md,
+# "Ultralytics exports").
+DEFAULT_ULTRALYTICS_RUNNER_ORDER: Mapping[str, tuple[str, ...]] = {"avx2": ("openvino-fp32",)}
+
+
 @dataclass(frozen=True)
 class RunnerName:
     engine: str

@@ -47,6 +47,7 @@ from handlers.model.runner_order import (
     weights_for,
 )
 from handlers.model.ssd_engine import BackboneHeadRunner, check_head_outputs
+from handlers.model.ultralytics_engine import check_outputs
 
 logger = logging.getLogger(__name__)
 EAGER = "eager"
@@ -287,6 +288,42 @@ def choose_detector_runner(runners: ArchiveRunners, model_dir: Path, machine: Ma
             raise CompiledModelRefused("wrong_output", f"the probe photos' head outputs differ from "
                                        f"the fp32 eager network's: {reason}")
         return outputs
+
+    engine, chosen, refusals = first_that_serves(candidates(runners, machine, kind), runners, machine,
+                                                 load_checked)
+    if engine is None or chosen is None:
+        return None, RunnerChoice(EAGER, machine.precision, None, kind, refusals)
+    return engine, RunnerChoice(str(chosen.name), chosen.name.precision, chosen.file, kind, refusals)
+
+
+def choose_ultralytics_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarget,
+                              native_bf16: bool, export: Any, timeout_s: float, threads: int
+                              ) -> tuple[Runner | None, RunnerChoice]:
+    """(runner, choice) of an Ultralytics detection export: the first candidate of the archive's
+    order that loads within `timeout_s` and whose raw outputs on the probe photos pass
+    handlers.model.ultralytics_engine.check_outputs against `export`; None (the export serves)
+    when none does."""
+    eager_choice = unusable(runners, machine)
+    if eager_choice is not None:
+        return None, eager_choice
+    kind = cpu_kind(machine.cpu_capability, machine.cpu_features, native_bf16)
+    try:
+        probe = load_probe_photos(model_dir)
+    except CompiledModelRefused as refusal:
+        return None, RunnerChoice(EAGER, machine.precision, None, kind, (Refusal("all", refusal),))
+
+    def load_checked(candidate: Candidate) -> Runner:
+        engine = call_with_deadline(
+            functools.partial(load_candidate, candidate, model_dir, machine, threads), timeout_s)
+        try:
+            reason = check_outputs(engine, export, probe)
+        except Exception as error:  # noqa: BLE001 - an engine that cannot run the probe is refused
+            raise CompiledModelRefused("wrong_output", f"running the probe photos failed: "
+                                       f"{type(error).__name__}: {error}") from None
+        if reason is not None:
+            raise CompiledModelRefused("wrong_output", f"the probe photos' outputs differ from the "
+                                       f"export's: {reason}")
+        return engine
 
     engine, chosen, refusals = first_that_serves(candidates(runners, machine, kind), runners, machine,
                                                  load_checked)

@@ -524,17 +524,28 @@ def parse_cuda_preprocess_kernels(handler_section: Mapping[str, Any]) -> bool:
 
 
 DETECTOR_ENGINES = ("openvino", "onnxruntime")
+# An Ultralytics TorchScript export's engine beside the export itself (handlers.model.ultralytics_engine).
+ULTRALYTICS_ENGINES = ("openvino",)
 
 
 def parse_detector_compile(value: Any, output: Any) -> CompileSettings | None:
     """A detector's `compile:`: as a classifier's, less what a detector cannot have (an
     AOTInductor package: torchvision detectors take lists of differently sized images; int8:
-    its gate is a classifier's top-1 agreement); torchvision-format detectors only."""
+    its gate is a classifier's top-1 agreement); torchvision-format detectors, and Ultralytics
+    exports (OpenVINO only: ULTRALYTICS_ENGINES)."""
     settings = parse_compile(value)
     if settings is None:
         return None
+    if output == "ultralytics":
+        if value is True or "engines" not in value:
+            settings = replace(settings, engines=ULTRALYTICS_ENGINES)
+        if set(settings.engines) - set(ULTRALYTICS_ENGINES) or settings.int8 is not None:
+            raise SettingsError(f"an Ultralytics export's 'compile' builds its OpenVINO model in fp32: "
+                                f"'compile.engines' {list(settings.engines)} cannot apply")
+        return settings
     if output not in (None, "torchvision"):
-        raise SettingsError("'compile' applies to torchvision detectors (detection.output: torchvision)")
+        raise SettingsError("'compile' applies to torchvision detectors and Ultralytics exports "
+                            "(detection.output: torchvision or ultralytics)")
     if value is True or "engines" not in value:
         settings = replace(settings, engines=DETECTOR_ENGINES)
     if set(settings.engines) - set(DETECTOR_ENGINES) or settings.int8 is not None:

@@ -100,13 +100,15 @@ def ultralytics_letterbox_batch(images: Sequence[torch.Tensor], input_hw: tuple[
     resize, the pads filled with `fill`), divided by 255 as it divides."""
     if not images:
         raise ValueError("ultralytics_letterbox_batch needs at least one image")
-    canvases, geometries = [], []
-    for image in images:
-        on_device = image.to(device, non_blocking=True)
-        geometry = ultralytics_geometry((int(image.shape[-2]), int(image.shape[-1])), input_hw)
-        canvases.append(placed(linear_resize_uint8(on_device, geometry.resized_hw), geometry, fill))
-        geometries.append(geometry)
-    return torch.stack(canvases).float().div_(255), geometries
+    boxed = [ultralytics_letterboxed(image.to(device, non_blocking=True), input_hw, fill) for image in images]
+    return torch.stack([canvas for canvas, _ in boxed]).float().div_(255), [geometry for _, geometry in boxed]
+
+
+def ultralytics_letterboxed(image: torch.Tensor, input_hw: tuple[int, int],
+                            fill: int) -> tuple[torch.Tensor, Letterbox]:
+    """`uint8[3, H, W]` -> (`uint8[3, input_hw]` as Ultralytics' LetterBox makes it, its Letterbox)."""
+    geometry = ultralytics_geometry((int(image.shape[-2]), int(image.shape[-1])), input_hw)
+    return placed(linear_resize_uint8(image, geometry.resized_hw), geometry, fill), geometry
 
 
 def boxes_to_original(boxes_xyxy: torch.Tensor, letterbox: Letterbox) -> torch.Tensor:

@@ -377,3 +377,19 @@ def test_a_wait_for_the_balancer_that_times_out_says_what_each_pods_readiness_an
                          "Layer7 wrong status, code: 503")
     without_log = str(balancer_wait_error(pods[1:], None)("timed out"))
     assert without_log.startswith("timed out (pod1 /ready no answer")
+
+
+def test_the_ultralytics_lab_prints_both_sides_and_the_two_ratios():
+    from torchserve_vision.lab.ultralytics_serving import markdown, timed_rounds
+
+    calls = []
+    rates = timed_rounds(lambda: calls.append(1), 4, 0.05)
+    assert rates["images_per_s"] > 0 and len(calls) >= 1
+    figures = {"yolov8n.torchscript": {
+        "served": {1: {"images_per_s": 20.0, "p50_ms": 50.0, "errors": 0},
+                   16: {"images_per_s": 30.0, "p50_ms": 500.0, "errors": 0}},
+        "ultralytics": {"one_at_a_time": {"images_per_s": 10.0, "ms_per_image": 100.0}},
+        "served_at_most_clients_over_best_predict": 3.0, "one_client_p50_over_predict_one_image": 0.5}}
+    text = markdown(figures)
+    assert "| 16 | 30.0 | 500.0 | 0 |" in text and "| one at a time | 10.0 | 100.0 |" in text
+    assert "3.0x" in text and "0.5x" in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,14 @@ import torch
 import yaml
 from torch import nn
 
-from tests.archives import archive_context, extract_archive, load_classifier, load_detector
+from tests.archives import archive_context, extract_archive, load_classifier, load_detector, stage_model_dir
 from tests.ultralytics_models import (
     assert_ultralytics_answer,
     comparison_photos,
     offline_ultralytics,
 )
 from torchserve_vision.cli import main as command
+from torchserve_vision.model_descriptions import parse_description
 
 pytestmark = pytest.mark.slow
 DETECTORS = ["yolov8n.torchscript", "yolov8n.onnx", "yolo11n.torchscript", "yolo26n-end2end.torchscript"]
@@ -234,3 +236,30 @@ def test_a_request_cannot_ask_an_end_to_end_export_for_class_agnostic_nms(handle
     reply = json.loads(handler.handle([row], context)[0])
     assert context.status(0) == 400 and reply["type"] == "InvalidParameter", reply
     assert "end-to-end" in reply["message"]
+
+
+def test_a_torchscript_export_is_served_by_its_checked_openvino_model_an_onnx_one_by_itself(handlers_of):
+    runners = {name: handlers_of[name].describe()["runners"]["detector"] for name in DETECTORS}
+    assert runners["yolov8n.torchscript"]["runner"] == "openvino-fp32"
+    assert runners["yolo11n.torchscript"]["runner"] == "openvino-fp32"
+    assert runners["yolov8n.onnx"]["runner"] == "eager" and "refused" not in runners["yolov8n.onnx"]
+    assert runners["yolo26n-end2end.torchscript"]["runner"] == "eager"
+
+
+def test_an_openvino_model_that_answers_otherwise_is_refused_and_the_export_serves(ultralytics_exports,
+                                                                                   tmp_path):
+    """YOLO11n's OpenVINO model put in YOLOv8n's archive: the same output shape, other outputs."""
+    dirs = {}
+    for name in ("yolov8n.torchscript", "yolo11n.torchscript"):
+        description = parse_description({"name": "yolo", "task": "detection", "model": {
+            "source": "ultralytics", "weights": str(ultralytics_exports[name])}})
+        (tmp_path / name).mkdir()
+        dirs[name] = stage_model_dir(description, tmp_path / name)
+    for suffix in ("xml", "bin"):
+        shutil.copy(dirs["yolo11n.torchscript"] / "compiled" / f"model-openvino.{suffix}",
+                    dirs["yolov8n.torchscript"] / "compiled" / f"model-openvino.{suffix}")
+    runner = load_detector(dirs["yolov8n.torchscript"]).describe()["runners"]["detector"]
+    assert runner["runner"] == "eager"
+    (refusal,) = runner["refused"]
+    assert refusal["runner"] == "openvino-fp32" and refusal["reason"] == "wrong_output"
+    assert "differ from the export's" in refusal["message"]

@@ -32,6 +32,7 @@ from handlers.model.project_architectures import PROJECT_ARCHITECTURES
 from handlers.model.runner_order import (
     DEFAULT_DETECTOR_RUNNER_ORDER,
     DEFAULT_RUNNER_ORDER,
+    DEFAULT_ULTRALYTICS_RUNNER_ORDER,
     RunnerName,
     parse_runner_order,
 )
@@ -42,6 +43,7 @@ from handlers.model.settings import (
     parse_classifier_settings,
     parse_compile,
     parse_detector_compile,
+    parse_input_hw,
     parse_model_source,
 )
 from handlers.model.ssd_engine import NotAnSsdDetector, ssd_input_size_hw
@@ -59,7 +61,11 @@ from torchserve_vision.archives.drift_reference import (
     record_profile,
     reference_bodies,
 )
-from torchserve_vision.archives.engine_exports import export_detector_engines, export_engine_models
+from torchserve_vision.archives.engine_exports import (
+    export_detector_engines,
+    export_engine_models,
+    export_ultralytics_engines,
+)
 from torchserve_vision.archives.fixed_seed_weights import fixed_seed_model
 from torchserve_vision.archives.int8_quantization import Int8Gate, Int8GateFailed, Int8Request, Preprocessing
 from torchserve_vision.archives.pipelines import PipelineError, pipeline_handler_section
@@ -306,6 +312,10 @@ def detector_compile_request(description: ModelDescription) -> CompileRequest | 
         raise BuildError(f"{description.name}: {error}") from None
     if settings is None:
         return None
+    if description.source == "ultralytics":
+        height, width = parse_input_hw(detection.get("input_size"), "detection.input_size")
+        return CompileRequest("fp32", settings.cpu_target, description.serving.batch_size,
+                              (3, height, width), False, height, settings.engines)
     if description.source not in ("torchvision", "project"):
         raise BuildError(f"{description.name}: 'compile' applies to SSD-family detectors "
                          f"(source: torchvision or project), not source {description.source!r}")
@@ -340,9 +350,14 @@ def compiled_models(description: ModelDescription, request: CompileRequest | Non
     engines not built. The int8 gate's verdict is logged (torchserve_vision.archives)."""
     if request is None:
         return CompiledModels()
+    detector = description.kind.network == "detector"
+    if description.source == "ultralytics":
+        exports = export_ultralytics_engines(weights, request, directory)
+        order = {kind: built_runners(names, request) for kind, names in
+                 parse_runner_order(DEFAULT_ULTRALYTICS_RUNNER_ORDER).items()}
+        return CompiledModels((), exports.models, order)
     model = without_inplace_activations(load_model(model_source(description, num_classes), weights,
                                                    torch.device("cpu")))
-    detector = description.kind.network == "detector"
     try:
         if detector:
             packages, exports = [], export_detector_engines(model, request, directory)

@@ -7,7 +7,8 @@ where `compile.int8` asks for it an int8 OpenVINO model quantized from the IR an
 Measured on a 2-core AMD EPYC (Zen 4), EfficientNet-Lite0: the OpenVINO conversion takes about
 2 s, the ONNX export about 7 s; each adds one copy of the weights to the archive
 (docs/benchmarks.md, "Engines"). An SSD-family detector's backbone and head are exported the
-same way (`export_detector_engines`).
+same way (`export_detector_engines`), and so is an Ultralytics TorchScript detection export, for
+OpenVINO (`export_ultralytics_engines`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from handlers.ground.limits import ImageLimits
+from handlers.model.compiled_model import PROBE_FILE
 from handlers.model.runner_selection import EngineModel
 from handlers.model.ssd_engine import SSD_OUTPUT_NAMES, SsdBackboneHead
+from handlers.request.decode import decode_image_bytes
+from handlers.task.letterbox import ultralytics_letterboxed
 from torchserve_vision.archives.compile_ahead import CompileRequest, write_probe_photos
 from torchserve_vision.archives.int8_quantization import INT8_FILE, Int8Gate, build_int8_model
+from torchserve_vision.archives.ultralytics_exports import LETTERBOX_FILL
+from torchserve_vision.photos import PROBE_PHOTOS, photo_path
 
 CLASSIFIER_OUTPUT_NAMES = ("logits",)
 ONNX_FILE = "model.onnx"
@@ -97,3 +104,20 @@ def export_detector_engines(network: nn.Module, request: CompileRequest, directo
     with the probe photos its workers check them on."""
     write_probe_photos(request, directory)
     return export_engine_models(SsdBackboneHead(network), request, directory, SSD_OUTPUT_NAMES)
+
+
+def export_ultralytics_engines(export: Path, request: CompileRequest, directory: Path) -> EngineExports:
+    """An Ultralytics TorchScript detection export as an OpenVINO IR (fp32, any batch) in
+    `directory`, with the probe photos letterboxed as its workers letterbox them, on which they
+    check it against the export (handlers.model.ultralytics_engine)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    height, width = request.input_shape_chw[1:]
+    images = [decode_image_bytes(photo_path(name).read_bytes(), ImageLimits()) for name in PROBE_PHOTOS]
+    probe = torch.stack([ultralytics_letterboxed(image, (height, width), LETTERBOX_FILL)[0]
+                         for image in images])
+    torch.save(probe, directory.parent / PROBE_FILE)
+    if "openvino" not in request.engines:
+        return EngineExports()
+    convert_openvino(torch.jit.load(str(export), map_location="cpu").eval(), request.input_shape_chw,
+                     directory / OPENVINO_FILE)
+    return EngineExports((EngineModel("openvino", f"{directory.name}/{OPENVINO_FILE}"),))

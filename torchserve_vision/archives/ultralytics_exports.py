@@ -206,7 +206,9 @@ LETTERBOX_FILL = 114
 
 def handler_options(export: UltralyticsExport) -> dict[str, Any]:
     """The `handler:` options an export implies: a detector letterboxed, NMS'd (unless it is
-    end-to-end) and mapped back as Ultralytics' predict does, at its defaults; a classifier
+    end-to-end) and mapped back as Ultralytics' predict does, at its defaults, and a TorchScript
+    one with a detection head also as an OpenVINO model for CPU workers
+    (handlers.model.ultralytics_engine); a classifier
     resized (short side, by Pillow) and centre-cropped to the export's size as Ultralytics'
     classify preprocessing does, pixels / 255, its own probabilities as the answer. fp32, no reduced-scale
     JPEG decoding (Ultralytics decodes in full), no batch-norm folding (an export is fused
@@ -217,7 +219,10 @@ def handler_options(export: UltralyticsExport) -> dict[str, Any]:
                      "max_detections_cap": MAX_DETECTIONS_CAP}
         if export.end_to_end:
             detection["end_to_end"] = True
-        return {"precision": "fp32", "detection": detection}
+        options: dict[str, Any] = {"precision": "fp32", "detection": detection}
+        if export.format == "torchscript" and not export.end_to_end:
+            options["compile"] = {"engines": ["openvino"]}    # the export serves where it is refused
+        return options
     height, width = export.input_hw
     if height != width:
         raise ExportError(f"{export.path}: a classification export of a non-square size {[height, width]} "

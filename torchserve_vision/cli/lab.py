@@ -39,6 +39,7 @@ from torchserve_vision.lab import (
     startup,
     sweep,
     tune,
+    ultralytics_serving,
 )
 
 GPU_WEIGHTS_HELP = """\
@@ -164,5 +165,9 @@ TABLE = (
     Subcommand("gpu", "everything a GPU machine is measured by, in one run",
                standalone.gpu_arguments, standalone.run_gpu,
                description=gpu_lab.__doc__ or "",
+               flags=lambda: [json_flag()]),
+    Subcommand("ultralytics", "Ultralytics exports served against Ultralytics' own predict, in one run",
+               standalone.ultralytics_arguments, standalone.run_ultralytics,
+               description=ultralytics_serving.__doc__ or "",
                flags=lambda: [json_flag()]),
 )

@@ -33,6 +33,7 @@ from torchserve_vision.lab import (
     rolling_update,
     rollout_drill,
     startup,
+    ultralytics_serving,
 )
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.server_process import configured_model_store
@@ -332,4 +333,28 @@ def near_duplicates_arguments(parser: argparse.ArgumentParser) -> None:
 def run_near_duplicates(args: argparse.Namespace) -> int:
     report = near_duplicates.measure(args.archive, args.inputs)
     print(near_duplicates.as_json(report) if args.json else near_duplicates.markdown(report))
+    return 0
+
+
+# --- ultralytics ----------------------------------------------------------------------------------
+def ultralytics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", type=Path, nargs="+", required=True,
+                        help="Ultralytics exports (.torchscript, .onnx) to serve and to predict with")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load and per way")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8],
+                        help="Ultralytics' predict on batches of these sizes")
+    parser.add_argument("--batch-size", type=int, default=4, help="the served archive's batch size")
+    parser.add_argument("--workers", type=int, default=1, help="the served archive's workers")
+    parser.add_argument("--torch-threads", type=int, default=None, help="each worker's torch threads")
+
+
+def run_ultralytics(args: argparse.Namespace) -> int:
+    from torchserve_vision.model_descriptions import ServingSettings
+
+    settings = ultralytics_serving.UltralyticsLabSettings(
+        tuple(args.clients), args.duration, tuple(args.batch_sizes),
+        ServingSettings(args.batch_size, 1, args.workers, args.workers), args.torch_threads)
+    figures = ultralytics_serving.measure(args.weights, settings)
+    print(json.dumps(figures, indent=2) if args.json else ultralytics_serving.markdown(figures))
     return 0

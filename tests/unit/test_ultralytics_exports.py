@@ -263,3 +263,15 @@ def test_an_openvino_model_that_answers_otherwise_is_refused_and_the_export_serv
     (refusal,) = runner["refused"]
     assert refusal["runner"] == "openvino-fp32" and refusal["reason"] == "wrong_output"
     assert "differ from the export's" in refusal["message"]
+
+
+def test_the_shadow_stage_compares_two_exports_answers_box_by_box(handlers_of, photo_files):
+    """What a shadow candidate is held to (handlers.shadow): the TorchScript and the ONNX export
+    of one network agree on every photo; YOLO11n, another network, does not."""
+    bodies = [path.read_bytes() for path in photo_files.values()]
+    ours = answers(handlers_of["yolov8n.torchscript"], bodies, score_threshold=0.05)
+    same = answers(handlers_of["yolov8n.onnx"], bodies, score_threshold=0.05)
+    other = answers(handlers_of["yolo11n.torchscript"], bodies, score_threshold=0.05)
+    compare = handlers_of["yolov8n.torchscript"].compare_answers
+    assert min(compare(a, b).agreement for a, b in zip(ours, same, strict=True)) > 0.95
+    assert min(compare(a, b).agreement for a, b in zip(ours, other, strict=True)) < 0.5

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from PIL import Image
 
 from torchserve_vision import paths
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from torchserve_vision.model_descriptions import ModelDescription
 
 HEAVY_FIXTURES = {"model_store", "classifier", "ultralytics_exports"}
+PILLOW_OPEN = Image.open   # before any test imports Ultralytics (pillow_opens_as_pillow)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -222,6 +224,15 @@ def shared_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory under it), the session's own directory without them."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(autouse=True)
+def pillow_opens_as_pillow() -> Iterator[None]:
+    """Each test ends with Pillow's own `Image.open`: importing Ultralytics (its tests do)
+    replaces it, in the whole process, with one that on an image Pillow cannot identify asks
+    pip for pi-heif and raises ModuleNotFoundError where it is missing, where a 400 is due."""
+    yield
+    Image.open = PILLOW_OPEN
 
 
 @pytest.fixture

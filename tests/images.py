@@ -100,3 +100,20 @@ def slow_png(width: int = 3000, height: int = 2000) -> bytes:
     encoded = io.BytesIO()
     Image.fromarray(gradient).save(encoded, "PNG")
     return encoded.getvalue()
+
+
+def bad_payloads() -> dict[str, tuple[bytes, str, int]]:
+    """The bad inputs every model must refuse alone: name -> (body, content type, expected status)."""
+    jpeg = photo_bytes("rocket.jpg")
+    frames = [Image.new("RGB", (16, 12), (i, 255 - i, i * 7 % 256)) for i in range(101)]  # all distinct
+    return {
+        "empty": (b"", "image/jpeg", 400),
+        "random bytes": (np.random.default_rng(7).bytes(20_000), "application/octet-stream", 400),
+        "truncated jpeg": (jpeg[: len(jpeg) // 2], "image/jpeg", 400),
+        "text": (b"GET me a cat picture, please", "image/png", 400),
+        "json without an image": (b'{"data": "aGVsbG8gd29ybGQ="}', "application/json", 400),
+        "json without data": (b'{"image": 42}', "application/json", 400),
+        "decompression bomb": (png_declaring_size(50_000, 50_000), "image/png", 413),
+        "too many frames": (encode(frames[0], "GIF", save_all=True, append_images=frames[1:]),
+                            "image/gif", 413),
+    }

@@ -48,3 +48,15 @@ def engine_threads(runner: object) -> int:
         return int(runner.compiled.get_property("INFERENCE_NUM_THREADS"))
     assert isinstance(runner, OnnxRuntimeRunner), runner
     return int(runner.session.get_session_options().intra_op_num_threads)
+
+
+
+def spins_on_after_a_run(runner: object) -> bool:
+    """Whether an ONNX Runtime runner's threads spin on after a run ends (the engine's default)."""
+    assert isinstance(runner, OnnxRuntimeRunner), runner
+    try:
+        entry = runner.session.get_session_options().get_session_config_entry(
+            "session.force_spinning_stop")
+    except RuntimeError:    # never set: the default
+        return True
+    return entry != "1"

@@ -26,6 +26,7 @@ class KeepAliveConnection:
         self.last_body = b""   # the body of the last answer (b"" after a connection error)
         self.last_version = ""  # the last answer's X-Model-Version ("" without one)
         self.last_error = ""    # why the last post got no answer ("" when it got one)
+        self.last_retry_after_s: float | None = None  # the last answer's Retry-After in seconds
 
     def post(self, body: bytes) -> int:
         try:
@@ -39,13 +40,14 @@ class KeepAliveConnection:
             answer = self.connection.getresponse()
             self.last_body = answer.read()
             self.last_version = answer.getheader(MODEL_VERSION_HEADER, "")
+            self.last_retry_after_s = retry_after_s(answer.getheader("Retry-After"))
             self.last_error = ""
             if answer.getheader("connection", "").lower() == "close":
                 self.close()
             return answer.status
         except (OSError, http.client.HTTPException) as error:
             self.close()
-            self.last_body, self.last_version = b"", ""
+            self.last_body, self.last_version, self.last_retry_after_s = b"", "", None
             self.last_error = str(error) or type(error).__name__
             return 0
 
@@ -53,3 +55,11 @@ class KeepAliveConnection:
         if self.connection is not None:
             self.connection.close()
         self.connection = None
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A Retry-After header of delay-seconds (the form this project's server sends) as seconds;
+    None when absent or in another form."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(value.strip())

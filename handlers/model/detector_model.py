@@ -57,7 +57,7 @@ class DetectorModel:
             return
         engine, self.runner = choose_detector_runner(
             settings.archive_runners, model_dir, machine, native_bf16, self.network, timeout_s,
-            torch.get_num_threads())
+            torch.get_num_threads(), settings.solo_threads)
         self.run = self.network if engine is None else SsdEngineDetector(self.network, engine)
         if postprocesses_batched(settings, device, self.network):
             self.format = BatchedSsdFormat(self.network)

@@ -152,7 +152,15 @@ class SoloThreadsRunner:
         self.shared, self.solo, self.batches = shared, solo, batches
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
-        return (self.solo if self.batches.still_alone() else self.shared)(batch)
+        return self.chosen()(batch)
+
+    def outputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Every output of a model that has more than one (an SSD's backbone and head)."""
+        outputs: tuple[torch.Tensor, ...] = self.chosen().outputs(batch)  # type: ignore[attr-defined]
+        return outputs
+
+    def chosen(self) -> Runner:
+        return self.solo if self.batches.still_alone() else self.shared
 
 
 def loads_of(runner: Runner) -> tuple[Runner, ...]:

@@ -259,12 +259,13 @@ def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarg
 
 
 def choose_detector_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarget,
-                           native_bf16: bool, network: Any, timeout_s: float, threads: int
+                           native_bf16: bool, network: Any, timeout_s: float, threads: int,
+                           solo_threads: int | None = None
                            ) -> tuple[BackboneHeadRunner | None, RunnerChoice]:
     """(the backbone + head's runner, choice) of an SSD-family detector: the first candidate of
     the archive's order that loads within `timeout_s` and whose head outputs for the probe
-    photos pass handlers.model.ssd_engine.check_head_outputs; None (the eager network serves)
-    when none does."""
+    photos pass handlers.model.ssd_engine.check_head_outputs (each load's, with `solo_threads`:
+    handlers.model.host_batches); None (the eager network serves) when none does."""
     eager_choice = unusable(runners, machine)
     if eager_choice is not None:
         return None, eager_choice
@@ -274,26 +275,30 @@ def choose_detector_runner(runners: ArchiveRunners, model_dir: Path, machine: Ma
     except CompiledModelRefused as refusal:
         return None, RunnerChoice(EAGER, machine.precision, None, kind, (Refusal("all", refusal),))
 
-    def load_checked(candidate: Candidate) -> BackboneHeadRunner:
+    def load_checked(candidate: Candidate) -> tuple[BackboneHeadRunner, bool]:
         engine = call_with_deadline(
-            functools.partial(load_candidate, candidate, model_dir, machine, threads), timeout_s)
+            functools.partial(load_candidate, candidate, model_dir, machine, threads, solo_threads),
+            timeout_s)
+        for each in loads_of(engine):
+            try:
+                reason = check_head_outputs(each.outputs, network, probe,  # type: ignore[attr-defined]
+                                            *checked_precisions(candidate.name.precision, machine.precision))
+            except Exception as error:  # noqa: BLE001 - an engine that cannot run the probe is refused
+                raise CompiledModelRefused("wrong_output", f"running the probe photos failed: "
+                                           f"{type(error).__name__}: {error}") from None
+            if reason is not None:
+                raise CompiledModelRefused("wrong_output", f"the probe photos' head outputs differ from "
+                                           f"the fp32 eager network's: {reason}")
         outputs: BackboneHeadRunner = engine.outputs  # type: ignore[attr-defined]
-        try:
-            reason = check_head_outputs(outputs, network, probe,
-                                        *checked_precisions(candidate.name.precision, machine.precision))
-        except Exception as error:  # noqa: BLE001 - an engine that cannot run the probe is refused
-            raise CompiledModelRefused("wrong_output", f"running the probe photos failed: "
-                                       f"{type(error).__name__}: {error}") from None
-        if reason is not None:
-            raise CompiledModelRefused("wrong_output", f"the probe photos' head outputs differ from "
-                                       f"the fp32 eager network's: {reason}")
-        return outputs
+        return outputs, isinstance(engine, SoloThreadsRunner)
 
-    engine, chosen, refusals = first_that_serves(candidates(runners, machine, kind), runners, machine,
+    loaded, chosen, refusals = first_that_serves(candidates(runners, machine, kind), runners, machine,
                                                  load_checked)
-    if engine is None or chosen is None:
+    if loaded is None or chosen is None:
         return None, RunnerChoice(EAGER, machine.precision, None, kind, refusals)
-    return engine, RunnerChoice(str(chosen.name), chosen.name.precision, chosen.file, kind, refusals)
+    outputs, solo = loaded
+    return outputs, RunnerChoice(str(chosen.name), chosen.name.precision, chosen.file, kind, refusals,
+                                 solo_threads=solo_threads if solo else None)
 
 
 def choose_ultralytics_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarget,

@@ -407,6 +407,9 @@ class DetectorSettings(HandlerSettings):
     postprocess: DetectorPostprocess = "auto"
     # An Ultralytics export that answers its detections (`[B, N, 6]`, no NMS to run here).
     end_to_end: bool = False
+    # An engine's threads for a batch that begins while the host's other workers are idle (as a
+    # classifier's: handlers.model.host_batches); None: the worker's own.
+    solo_threads: int | None = None
     # `compile:` of an SSD-family detector: its backbone and head on OpenVINO / ONNX Runtime, fp32
     # (handlers.model.ssd_engine); what the builder wrote, as for a classifier.
     compile: CompileSettings | None = None
@@ -488,6 +491,7 @@ def parse_detector_settings(handler_section: Mapping[str, Any] | None) -> Detect
         postprocess=_choice(detection.get("postprocess", "auto"), "detection.postprocess",
                             DetectorPostprocess),
         end_to_end=end_to_end,
+        solo_threads=parse_solo_threads(handler_section),
         precision=_choice(handler_section.get("precision", "fp32"), "precision", Precision),
         limits=parse_limits(handler_section.get("limits", {})),
         compile=parse_detector_compile(handler_section.get("compile"), detection.get("output")),

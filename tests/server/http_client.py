@@ -66,3 +66,43 @@ def burst_with_one_bad_upload(send: Callable[[bytes, dict[str, str]], requests.R
     assert [len(a.json()) for a in answers] == [1, 2, 3] * 5            # each its own top_k
     assert all(a.json()[0]["label"] in CAT_LABELS for a in answers)
     return [*answers, bad]
+
+
+# Photos at several sizes for the detector's bursts, and how many copies of each a burst sends.
+BURST_PHOTOS = ("astronaut.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "chelsea.png",
+                "motorcycle_right.png")
+PHOTO_COPIES, BAD_COPIES = 4, 3             # 6 x 4 photos and 8 x 3 bad payloads: 48 at once
+
+
+def assert_burst_answers_each_as_alone(url: str, headers: dict[str, str] | None = None,
+                                       rounds: int = 2) -> None:
+    """`rounds` bursts of 48 simultaneous requests to the detector at `url`: photos (each answered
+    alone first) mixed with the bad inputs of tests.images.bad_payloads. Every photo is answered
+    200 with its answer alone (the same detections within fp32 rounding), every bad payload its
+    own 4xx with a JSON error."""
+    from tests.detections import assert_same_detections, rows_from_answer
+    from tests.images import bad_payloads, photo_bytes
+
+    extra = headers or {}
+
+    def send(body: bytes, content_type: str) -> requests.Response:
+        return requests.post(url, data=body, timeout=180, headers={"Content-Type": content_type, **extra})
+
+    photos = {name: photo_bytes(name) for name in BURST_PHOTOS}
+    alone = {}
+    for name, body in photos.items():
+        reply = send(body, "application/octet-stream")
+        assert reply.status_code == 200, reply.text
+        alone[name] = reply.json()
+    jobs = [(name, body, "application/octet-stream", 200) for name, body in photos.items()] * PHOTO_COPIES
+    jobs += [(name, body, kind, status) for name, (body, kind, status) in bad_payloads().items()] * BAD_COPIES
+    assert len(jobs) >= 48
+    for round_index in range(rounds):
+        order = jobs[round_index::2] + jobs[1 - round_index::2]            # interleaved differently
+        replies = concurrently([partial(send, body, kind) for _, body, kind, _ in order], len(order))
+        for (name, _, _, status), reply in zip(order, replies, strict=True):
+            assert reply.status_code == status, (name, reply.status_code, reply.text[:300])
+            if status == 200:
+                assert_same_detections(reply.json(), rows_from_answer(alone[name]), box_px=0.5, score=1e-4)
+            else:
+                assert reply.json()["code"] == status and reply.json()["type"], (name, reply.text[:300])

@@ -16,7 +16,7 @@ import requests
 from PIL import Image
 
 from tests.answers import assert_same_answer, served_classifier_precision
-from tests.images import CAT_LABELS, encode, exif_with_orientation, photo_bytes, png_declaring_size
+from tests.images import CAT_LABELS, bad_payloads, encode, exif_with_orientation, photo_bytes
 from tests.server.http_client import concurrently
 from tests.server.logs import file_lines, log_lines, rejected_requests, wait_for_log
 from torchserve_vision.server_process import TorchServeInstance, ping
@@ -27,23 +27,6 @@ CAT = Image.open(io.BytesIO(photo_bytes("chelsea.png"))).convert("RGB")
 
 def url(server: TorchServeInstance) -> str:
     return f"{server.inference_url}/predictions/efficientnet_lite0"
-
-
-def bad_payloads() -> dict[str, tuple[bytes, str, int]]:
-    """name -> (body, content type, expected status)."""
-    jpeg = photo_bytes("rocket.jpg")
-    frames = [Image.new("RGB", (16, 12), (i, 255 - i, i * 7 % 256)) for i in range(101)]  # all distinct
-    return {
-        "empty": (b"", "image/jpeg", 400),
-        "random bytes": (np.random.default_rng(7).bytes(20_000), "application/octet-stream", 400),
-        "truncated jpeg": (jpeg[: len(jpeg) // 2], "image/jpeg", 400),
-        "text": (b"GET me a cat picture, please", "image/png", 400),
-        "json without an image": (b'{"data": "aGVsbG8gd29ybGQ="}', "application/json", 400),
-        "json without data": (b'{"image": 42}', "application/json", 400),
-        "decompression bomb": (png_declaring_size(50_000, 50_000), "image/png", 413),
-        "too many frames": (encode(frames[0], "GIF", save_all=True, append_images=frames[1:]),
-                            "image/gif", 413),
-    }
 
 
 def awkward_payloads() -> dict[str, bytes]:

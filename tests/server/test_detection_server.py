@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.detections import assert_same_detections, rows_from_answer
 from tests.images import encode, photo_bytes
-from tests.server.http_client import concurrently, post_image
+from tests.server.http_client import assert_burst_answers_each_as_alone, concurrently, post_image
 from torchserve_vision.server_process import TorchServeInstance, ping
 
 pytestmark = pytest.mark.server
@@ -121,3 +121,10 @@ def test_nothing_found_is_an_empty_list_not_an_error(server):
 def test_the_classifier_still_answers_beside_the_detector(server):
     reply = post_image(f"{server.inference_url}/predictions/efficientnet_lite0", photo_bytes("coffee.png"))
     assert reply.status == 200 and reply.body[0]["label"] == "espresso"
+
+
+def test_bursts_of_48_photos_and_bad_payloads_each_get_their_own_answer(server):
+    """The default configuration as `server start` runs it (TorchServe's queue of 100 for every
+    model): bursts of 48 simultaneous requests, photos among bad payloads, none refused."""
+    assert_burst_answers_each_as_alone(url(server))
+    assert ping(server)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -15,7 +16,9 @@ import requests
 from tests.images import photo_bytes, slow_png
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
+from torchserve_vision.deployment_settings import DeploymentSettings
 from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop, run_open_loop
+from torchserve_vision.prometheus_text import scrape, total
 from torchserve_vision.server_process import TorchServeInstance, ping, stop
 from torchserve_vision.server_state import queued_requests
 from torchserve_vision.waiting import wait_until
@@ -141,3 +144,60 @@ def test_a_draining_stop_answers_the_requests_in_flight(own_server):
     waiter.join()
     assert statuses == [200] * 24
     assert not ping(own_server)
+
+
+HOLD_MS, MAX_DELAY_MS = 400, 300
+DELAY_BOUND = re.compile(rf'Model "{MODEL}" version 1\.0 has a full queue: (\d+) requests are waiting, '
+                         rf'about (\d+) ms at its recent pace of (\d+) ms a batch, over the server\'s '
+                         rf'max_queueing_delay_ms of {MAX_DELAY_MS} ms; retry after (\d+) s')
+
+
+@pytest.fixture(scope="module")
+def delay_bound_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeInstance]:
+    """The classifier alone, its queue bounded by queueing delay (as the production profile
+    bounds it) with each refusal held, one worker."""
+    yield from started_server(tmp_path_factory.mktemp("delay-bound"), model_store,
+                              load_models="efficientnet_lite0-1.0.mar",
+                              settings=DeploymentSettings(workers=1),
+                              max_queueing_delay_ms=str(MAX_DELAY_MS), refusal_hold_ms=str(HOLD_MS))
+
+
+def test_a_queue_bounded_by_delay_refuses_what_would_wait_past_it_and_holds_each_refusal(
+        delay_bound_server):
+    """24 closed-loop clients with no back-off, sending 12 MP PNGs (tests.images.slow_png: a full
+    decode and a resize of 12 MP each, so 16 waiting, two batches of 8, take past the 300 ms
+    bound with room to spare), to one worker: a request is refused once the requests ahead of it
+    would take longer than max_queueing_delay_ms at the worker's measured pace, the 503 saying so
+    with its figures and a Retry-After, and sent no sooner than refusal_hold_ms after the
+    request; every request admitted is answered 200; the refusals are counted."""
+    server = delay_bound_server
+    refused_before = total(scrape(server.metrics_url), "ts_requests_refused_queue_full_total",
+                           model_name=MODEL)
+    body = slow_png(4000, 3000)
+    assert requests.post(url(server), data=body, timeout=60).ok     # the worker's first batch time
+    outcomes: list[tuple[int, float, requests.Response]] = []
+
+    def client() -> None:
+        session = requests.Session()
+        for _ in range(6):
+            sent = time.monotonic()
+            reply = session.post(url(server), data=body, timeout=120)
+            outcomes.append((reply.status_code, time.monotonic() - sent, reply))
+
+    threads = [threading.Thread(target=client) for _ in range(24)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    statuses = [status for status, _, _ in outcomes]
+    assert set(statuses) == {200, 503}, statuses
+    for status, seconds, reply in outcomes:
+        if status == 200:
+            assert len(reply.json()) == 5
+            continue
+        found = DELAY_BOUND.search(reply.json()["message"])
+        assert found is not None, reply.json()["message"]
+        assert int(found.group(2)) > MAX_DELAY_MS and reply.headers["Retry-After"] == found.group(4)
+        assert seconds * 1000 >= HOLD_MS            # held: never answered sooner
+    refused = total(scrape(server.metrics_url), "ts_requests_refused_queue_full_total", model_name=MODEL)
+    assert refused - refused_before == statuses.count(503)

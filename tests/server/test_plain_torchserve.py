@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from tests.images import CAT_LABELS, photo_bytes
+from tests.server.http_client import assert_burst_answers_each_as_alone
 from tests.server.logs import log_lines
 from torchserve_vision import paths
 from torchserve_vision.cli import main as command
@@ -38,11 +39,11 @@ MODEL = "efficientnet_lite0"
 
 @pytest.fixture(scope="module")
 def plain_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServeInstance]:
-    """config/config.properties on free ports, loading the classifier, started by `torchserve`
+    """config/config.properties on free ports, loading both models, started by `torchserve`
     itself (no effective config: no agent in vmargs, allowed_urls as shipped; no worker fork
     server: each worker is a process the frontend starts)."""
     run_dir = tmp_path_factory.mktemp("plain")
-    config = server_config(run_dir, model_store, paths.DEVELOPMENT_CONFIG, load_models=f"{MODEL}-1.0.mar")
+    config = server_config(run_dir, model_store, paths.DEVELOPMENT_CONFIG)        # both models, as shipped
     instance = instance_for(config, run_dir)
     instance.tmp_dir.mkdir(parents=True, exist_ok=True)
     with (run_dir / "torchserve.out").open("wb") as output:
@@ -51,7 +52,7 @@ def plain_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) ->
                        cwd=run_dir, env=without_fork_server(instance.environment()), stdout=output,
                        stderr=subprocess.STDOUT, check=True)
     try:
-        wait_until_healthy(instance, 240, expected_models=1)     # every worker READY
+        wait_until_healthy(instance, 240, expected_models=2)     # every worker READY
         yield instance
     finally:
         stop(instance)
@@ -75,8 +76,8 @@ def test_each_worker_says_the_agent_is_missing_in_its_log_and_describe(plain_ser
     on answering. (The worker's own account of its batching and of its frontend: tests/unit/
     test_serving.py; asking it here is what the refusal prevents.)"""
     warnings = [line for line in log_lines(plain_server.log_dir / "model_log.log")
-                if "runs without the frontend agent" in line]
-    assert len(warnings) == 2          # one per worker, at start
+                if "runs without the frontend agent" in line and f"-{MODEL}_" in line]
+    assert len(warnings) == 2          # one per worker of the model, at start
     client = plain_server.client()
     assert client.batched_by_agent(MODEL, "1.0") is False
     capsys.readouterr()
@@ -98,3 +99,9 @@ def test_each_worker_says_the_agent_is_missing_in_its_log_and_describe(plain_ser
     assert reply.status_code == 200 and reply.json()[0]["label"] in CAT_LABELS
     for worker in described["workers"]:        # each started by the frontend itself
         assert psutil.Process(int(worker["pid"])).parent().pid == frontend_pid(plain_server)
+
+
+def test_bursts_of_48_photos_and_bad_payloads_to_the_detector_each_get_their_own_answer(plain_server):
+    """Without the agent, TorchServe's own queue (job_queue_size, 100: the archives carry none of
+    their own) holds every burst: no request refused with TorchServe's "has no worker" 503."""
+    assert_burst_answers_each_as_alone(f"{plain_server.inference_url}/predictions/ssd_mobilenet_v2")

@@ -21,7 +21,11 @@ from grpc_tools import protoc
 
 from tests.images import CAT_LABELS, photo_bytes
 from tests.server.http_client import concurrently
+from tests.server.load import ContinuousLoad
+from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.frontend.agent import frontend_jar
+from torchserve_vision.lab.compare import register, unregister_all
+from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.server_process import TorchServeInstance
 from torchserve_vision.torchserve_config import read_properties
 
@@ -98,15 +102,26 @@ def test_a_refused_request_fails_alone_among_concurrent_answers(predict):
     assert all(isinstance(answer, list) and answer[0]["label"] in CAT_LABELS for answer in results)
 
 
-def test_a_full_queue_is_unavailable_with_the_queues_message(server, stubs):
+def test_a_full_queue_is_unavailable_with_the_queues_message(server, stubs, model_store):
     """With the frontend agent, a request that finds the queue full is refused by the agent's
     queue before TorchServe's own handler answers it (INTERNAL, "has no worker"): UNAVAILABLE,
-    saying the queue is full."""
-    from tests.server.load import ContinuousLoad
-
+    saying the queue is full. The detector as a model of its own with a queue of 4, kept full."""
     messages, services = stubs
     port = read_properties(server.effective_config)["grpc_inference_port"]
-    detector = "ssd_mobilenet_v2"
+    detector = "ssd_queue4"
+    copy = archive_with_version(model_store, "ssd_mobilenet_v2-1.0.mar", "1.0-queue4",
+                                frontend_changes={"jobQueueSize": 4})
+    register(server.client(timeout_s=120), model_store, copy, detector, ServingSettings(4, 1, 1, 1))
+    try:
+        refused = full_queue_refusal(server, messages, services, port, detector)
+    finally:
+        unregister_all(server.client(), detector)
+    assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert f'Model "{detector}" version 1.0-queue4 has a full queue' in (refused.details() or "")
+
+
+def full_queue_refusal(server, messages, services, port: str, detector: str) -> grpc.RpcError | None:
+    """The last refusal of up to 40 gRPC predictions sent while 24 clients keep `detector` busy."""
     with ContinuousLoad(f"{server.inference_url}/predictions/{detector}", photo_bytes("coffee.png"),
                         clients=24), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         client = services.InferenceAPIsServiceStub(channel)
@@ -119,5 +134,4 @@ def test_a_full_queue_is_unavailable_with_the_queues_message(server, stubs):
                 refused = error
                 if "has a full queue" in (error.details() or ""):
                     break
-        assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
-        assert f'Model "{detector}" version 1.0 has a full queue' in (refused.details() or "")
+    return refused

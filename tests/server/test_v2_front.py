@@ -25,10 +25,9 @@ from tests.server.load import ContinuousLoad
 from tests.server.test_triton_client import image_input, labels
 from torchserve_vision import paths
 from torchserve_vision.lab.pods import Pod
-from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.prometheus_text import scrape, total
 from torchserve_vision.server_state import ready_workers
-from torchserve_vision.torchserve_config import free_ports, server_config
+from torchserve_vision.torchserve_config import free_ports, read_properties, server_config
 from torchserve_vision.waiting import wait_until
 
 pytestmark = pytest.mark.server
@@ -270,9 +269,9 @@ FULL_QUEUE = re.compile(rf'Model "{DETECTOR}" version 1\.0 has a full queue: (\d
 Answer = tuple[int, str, str | None]      # status, message, Retry-After
 
 
-def detector_queue_size() -> int:
-    (detector,) = [d for d in load_descriptions(paths.MODEL_DESCRIPTIONS) if d.name == DETECTOR]
-    return detector.serving.job_queue_size
+def production_delay_bound_ms() -> int:
+    """The production profile's bound on every model's queueing delay (max_queueing_delay_ms)."""
+    return int(read_properties(paths.PRODUCTION_CONFIG)["max_queueing_delay_ms"])
 
 
 def refused_while_full(send: Callable[[], Answer], attempts: int = 40) -> tuple[str, str | None]:
@@ -287,10 +286,13 @@ def refused_while_full(send: Callable[[], Answer], attempts: int = 40) -> tuple[
 
 def test_a_full_queue_says_so_with_retry_after_to_every_client(fronted_pod, client, key, grpc_client,
                                                                grpc_key):
-    """The detector's queue kept full (its own size: serving.job_queue_size) by 16 clients sending
-    a slow PNG straight to TorchServe, then requests of each client through the front: a
-    refusal names the model, its version and the queue's size, with a Retry-After in seconds;
-    the gRPC front's is UNAVAILABLE with the same message. Each refusal is counted."""
+    """The detector's queue kept full (the production profile's: as long as its worker takes
+    max_queueing_delay_ms to reach) by 48 clients sending a slow PNG straight to TorchServe (with
+    batches of 4 of them taking about the bound, more than the 8 in the two workers' batches must
+    wait to pass it, and every refused client sits out `refusal_hold_ms`),
+    then requests of each client through the front: a refusal names the model, its version,
+    the requests waiting and the bound, with a Retry-After in seconds; the gRPC front's is
+    UNAVAILABLE with the same message. Each refusal is counted."""
     url = f"http://{front_url(fronted_pod)}/predictions/{DETECTOR}"
     photo = photo_bytes("coffee.png")
     metrics = fronted_pod.instance.metrics_url
@@ -326,11 +328,12 @@ def test_a_full_queue_says_so_with_retry_after_to_every_client(fronted_pod, clie
         return status, message, retry.group(1) if retry else None
 
     filling = f"{fronted_pod.instance.inference_url}/predictions/{DETECTOR}"
-    with ContinuousLoad(filling, slow_png(), clients=16, headers=lambda: key, pause_s=0.05):
+    with ContinuousLoad(filling, slow_png(), clients=48, headers=lambda: key, pause_s=0.05):
         message, retry_after = refused_while_full(rest)
         assert retry_after is not None and int(retry_after) >= 1
         found = FULL_QUEUE.search(message)
-        assert found is not None and int(found.group(1)) == detector_queue_size() > 0
+        assert found is not None and int(found.group(1)) > 0
+        assert f"over the server's max_queueing_delay_ms of {production_delay_bound_ms()} ms" in message
         assert f"retry after {retry_after} s" in message
         for send in (v2_http, v2_grpc):
             assert FULL_QUEUE.search(refused_while_full(send)[0])

@@ -44,6 +44,9 @@ def load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", type=Path, action="append",
                         help="image file(s) to send, in turn (default: scikit-image's chelsea.png)")
     parser.add_argument("--clients", type=int, default=8, help="closed loop: concurrent clients")
+    parser.add_argument("--on-refusal", choices=loadgen.REFUSAL_MODES, default="resend",
+                        help="closed loop: after a 503, send again at once (resend), or after its "
+                             "Retry-After (retry-after)")
     parser.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds")
     parser.add_argument("--max-requests", type=int, default=1_000_000)
@@ -130,14 +133,17 @@ def run_load(args: argparse.Namespace) -> int:
         report = loadgen.run_open_loop(target, args.rate, args.duration, args.max_requests,
                                        args.max_in_flight, args.seed, progress)
     else:
-        report = loadgen.run_closed_loop(target, args.clients, args.duration, args.max_requests, progress)
+        report = loadgen.run_closed_loop(target, args.clients, args.duration, args.max_requests, progress,
+                                         args.on_refusal)
     if progress:
         print(file=sys.stderr)
     report.extra["images_per_request"] = args.images_per_request
     report.extra["images_per_s"] = report.throughput_rps * args.images_per_request
+    refused = (f"\n  refused: {report.extra['refused_per_s']}/s (503, {args.on_refusal} after each)"
+               if "refused_per_s" in report.extra else "")
     print(json.dumps(asdict(report), indent=2) if args.json else
           f"{report.table()}\n  images/s: {report.extra['images_per_s']:.1f} "
-          f"({args.images_per_request} per request)")
+          f"({args.images_per_request} per request){refused}")
     return 0
 
 

@@ -27,6 +27,7 @@ from torchserve_vision.lab import (
     engines,
     gpu_lab,
     near_duplicates,
+    opencv_detector,
     precision_spread,
     profile,
     protocol_cost,
@@ -357,4 +358,24 @@ def run_ultralytics(args: argparse.Namespace) -> int:
         ServingSettings(args.batch_size, 1, args.workers, args.workers), args.torch_threads)
     figures = ultralytics_serving.measure(args.weights, settings)
     print(json.dumps(figures, indent=2) if args.json else ultralytics_serving.markdown(figures))
+    return 0
+
+
+# --- opencv -------------------------------------------------------------------------------------
+def opencv_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load and per way")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8],
+                        help="OpenCV's forward pass on batches of these sizes")
+    parser.add_argument("--workers", type=int, help="the served detector's workers (default: "
+                                                    "config/models.yaml's)")
+    parser.add_argument("--batch-size", type=int, help="the served detector's batch size (default: "
+                                                       "config/models.yaml's)")
+
+
+def run_opencv(args: argparse.Namespace) -> int:
+    settings = opencv_detector.OpenCvLabSettings(tuple(args.clients), args.duration, tuple(args.batch_sizes),
+                                                 args.workers, args.batch_size)
+    figures = opencv_detector.measure(own_server_store(args), settings)
+    print(json.dumps(figures, indent=2) if args.json else opencv_detector.markdown(figures))
     return 0

@@ -519,15 +519,13 @@ public class ContinuousBatching extends BatchAggregator {
         }
     }
 
-    /** A request that found `model`'s queue full (RefusingQueue): 503 with Retry-After and a
-     * message that says so (TorchServe's would say the model has no worker), counted in
-     * ts_requests_refused_queue_full_total; a gRPC request gets that status's gRPC error
-     * (UNAVAILABLE) with the message. */
-    static void refuseFull(Job job, Model model, int capacity, long retryAfterS) {
+    /** A request that found no room in `model`'s queue (RefusingQueue, which says why in
+     * `reason`): 503 with Retry-After and a message that says so (TorchServe's would say the
+     * model has no worker), counted in ts_requests_refused_queue_full_total; a gRPC request gets
+     * that status's gRPC error (UNAVAILABLE) with the message. */
+    static void refuseFull(Job job, Model model, String reason, long retryAfterS) {
         String message = "Model \"" + model.getModelName() + "\" version " + model.getVersion()
-                + " has a full queue: " + capacity + " requests are waiting (its job queue size:"
-                + " jobQueueSize in the archive's YAML, else job_queue_size); retry after "
-                + retryAfterS + " s";
+                + " has a full queue: " + reason + "; retry after " + retryAfterS + " s";
         answer(job, SHED_STATUS, "ServiceUnavailableException", message,
                 Map.of("Retry-After", Long.toString(retryAfterS)));
         countFor(model, QUEUE_FULL_METRIC);

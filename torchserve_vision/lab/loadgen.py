@@ -126,9 +126,16 @@ def instances_bodies(images: Sequence[bytes], per_request: int) -> list[bytes]:
             for start in range(len(encoded))]
 
 
+# What a closed-loop client does after a 503: send again at once (a client with no back-off), or
+# wait the Retry-After the answer gives first (one that honours it).
+REFUSAL_MODES = ("resend", "retry-after")
+
+
 def run_closed_loop(target: LoadTarget, clients: int, duration_s: float, max_requests: int,
-                    progress: Progress | None = None) -> Report:
-    """`clients` threads, each sending its next request as soon as the last one is answered."""
+                    progress: Progress | None = None, on_refusal: str = "resend") -> Report:
+    """`clients` threads, each sending its next request as soon as the last one is answered; after
+    a 503, at once (`on_refusal="resend"`) or once its Retry-After has passed ("retry-after").
+    The report's extra counts the refusals (`refused_per_s`)."""
     results: list[Result] = []
     lock = threading.Lock()
     started = time.perf_counter()
@@ -152,6 +159,9 @@ def run_closed_loop(target: LoadTarget, clients: int, duration_s: float, max_req
                     target.answers[body_index] = connection.last_body
                 if progress:
                     progress(len(results))
+            wait_s = connection.last_retry_after_s
+            if status == 503 and on_refusal == "retry-after" and wait_s is not None:
+                time.sleep(max(0.0, min(wait_s, deadline - time.perf_counter())))
         connection.close()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
@@ -161,6 +171,9 @@ def run_closed_loop(target: LoadTarget, clients: int, duration_s: float, max_req
         thread.join()
     report = summarize("closed loop", results, time.perf_counter() - started)
     report.extra["clients"] = clients
+    report.extra["on_refusal"] = on_refusal
+    report.extra["refused_per_s"] = round(sum(result.status == 503 for result in results)
+                                          / max(report.duration_s, 1e-9), 1)
     return report
 
 

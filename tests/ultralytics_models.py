@@ -140,32 +140,87 @@ def reference_rows(result: Any) -> list[Row]:
 
 # How far a served detection may be from Ultralytics' own: boxes (rounded to 0.01 px in the JSON
 # answer) and scores as float32 computes them, in batches of several sizes (the network's
-# arithmetic changes a little with the batch size; alone, both sides give the same bits).
+# arithmetic changes a little with the batch size, and with the runner: OpenVINO's kernels for a
+# TorchScript export; alone on the export, both sides give the same bits).
 BOX_BOUND_PX = 1.0
 SCORE_BOUND = 1e-3
+# Ultralytics' predict defaults, which the archives of its exports keep.
+NMS_IOU_THRESHOLD = 0.7
+MAX_DETECTIONS = 300
+# NMS is discontinuous: where a box overlaps a better one by about the IoU threshold, rounding
+# decides whether it is suppressed. The boxes' own rounding moves an IoU by far less than this.
+NMS_IOU_BOUND = 0.01
 
 
-def assert_ultralytics_answer(served: list[dict[str, Any]], result: Any, threshold: float) -> None:
+def assert_ultralytics_answer(served: list[dict[str, Any]], result: Any, threshold: float,
+                              nms: str = "per class") -> None:
     """The served detections are Ultralytics' own Results (`assert_detections_within`)."""
-    assert_detections_within(served, reference_rows(result), threshold)
+    assert_detections_within(served, reference_rows(result), threshold, nms)
 
 
-def assert_detections_within(served: list[dict[str, Any]], expected: list[Row], threshold: float) -> None:
-    """The same count, each detection matched one to one by class, box within BOX_BOUND_PX and
-    score within SCORE_BOUND. A detection of either side whose score is within SCORE_BOUND of
-    `threshold` may be missing from the other (float32 rounding may put it on either side)."""
-    got = rows_from_answer(served)
+def box_iou(first: list[float], second: list[float]) -> float:
+    width = min(first[2], second[2]) - max(first[0], second[0])
+    height = min(first[3], second[3]) - max(first[1], second[1])
+    inter = max(width, 0.0) * max(height, 0.0)
+    area = ((first[2] - first[0]) * (first[3] - first[1]) + (second[2] - second[0]) * (second[3] - second[1]))
+    return inter / (area - inter) if area > inter else 0.0
 
-    def clear(rows: list[Row]) -> list[Row]:
-        return [row for row in rows if abs(row[1] - threshold) > SCORE_BOUND]
 
-    assert len(clear(got)) == len(clear(expected)), (len(got), len(expected))
-    unmatched = list(expected)
-    for index, score, box in got:
+def matched(rows: list[Row], expected: list[Row]) -> tuple[list[Row], list[Row]]:
+    """Rows of both sides matched one to one by class, score within SCORE_BOUND and box within
+    BOX_BOUND_PX; the rows of each side left without a match."""
+    left_over, unmatched = [], list(expected)
+    for index, score, box in rows:
         match = next((row for row in unmatched if row[0] == index and abs(row[1] - score) <= SCORE_BOUND
                       and max(abs(a - b) for a, b in zip(row[2], box, strict=True)) <= BOX_BOUND_PX), None)
-        if match is None and abs(score - threshold) <= SCORE_BOUND:
+        if match is None:
+            left_over.append((index, score, box))
+        else:
+            unmatched.remove(match)
+    return left_over, unmatched
+
+
+def decided_by_rounding(row: Row, other: list[Row], other_left_over: list[Row], threshold: float,
+                        nms: str) -> bool:
+    """Whether `row` may be missing from the other side's `other` detections because a decision
+    of float32's reach took it out there (or kept it here):
+    - its score is within SCORE_BOUND of the score threshold;
+    - the other side is full (MAX_DETECTIONS) and `row` scores no better than its last;
+    - there a detection NMS compares it with (its class; any class when `nms` is "agnostic";
+      none when "none", an end-to-end head's), scoring at
+      least as well, overlaps it by the IoU threshold within NMS_IOU_BOUND, or by more while the
+      two scores tie within SCORE_BOUND (either suppresses the other) or while that detection is
+      itself one that only one side kept (the cascade of such a decision).
+    Each row a wrong NMS would keep or drop (another threshold, another order) meets none."""
+    index, score, box = row
+    if abs(score - threshold) <= SCORE_BOUND:
+        return True
+    if len(other) >= MAX_DETECTIONS and score <= min(found for _, found, _ in other) + SCORE_BOUND:
+        return True
+    for other_row in other if nms != "none" else []:
+        other_index, other_score, other_box = other_row
+        if (nms == "per class" and other_index != index) or other_score < score - SCORE_BOUND:
             continue
-        assert match is not None, f"Ultralytics has no class {index} at {score} in {box}"
-        unmatched.remove(match)
-    assert not clear(unmatched), clear(unmatched)
+        iou = box_iou(box, other_box)
+        if iou <= NMS_IOU_THRESHOLD - NMS_IOU_BOUND:
+            continue
+        if (iou <= NMS_IOU_THRESHOLD + NMS_IOU_BOUND or abs(other_score - score) <= SCORE_BOUND
+                or other_row in other_left_over):
+            return True
+    return False
+
+
+def assert_detections_within(served: list[dict[str, Any]], expected: list[Row], threshold: float,
+                             nms: str = "per class") -> None:
+    """Each detection matched one to one by class, box within BOX_BOUND_PX and score within
+    SCORE_BOUND, except those that a decision within rounding kept on one side only
+    (`decided_by_rounding`). At least 95% of either side are matched."""
+    got = rows_from_answer(served)
+    got_left_over, expected_left_over = matched(got, expected)
+    for left_over, other, other_left_over, side in ((got_left_over, expected, expected_left_over, "served"),
+                                                    (expected_left_over, got, got_left_over, "Ultralytics'")):
+        unexplained = [row for row in left_over
+                       if not decided_by_rounding(row, other, other_left_over, threshold, nms)]
+        assert not unexplained, f"{side} detections the other side has not: {unexplained}"
+    for left_over, rows in ((got_left_over, got), (expected_left_over, expected)):
+        assert len(left_over) <= 0.05 * len(rows) + 1, (len(left_over), len(rows))

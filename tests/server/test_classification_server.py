@@ -156,6 +156,10 @@ def test_logs_are_written_once_at_info_through_the_project_log_config(server):
     ts_log = log_lines(server.log_dir / "ts_log.log")
     assert any("Inference API bind to" in line for line in ts_log)
     assert not [line for line in ts_log if "[DEBUG]" in line]
-    # TorchServe's built-in configuration writes each line twice and copies worker output here.
-    assert len(ts_log) == len(set(ts_log))
+    # TorchServe's built-in configuration writes each event twice and copies worker output here.
+    # The events of the server's start happen once (other lines may repeat: a stack trace's
+    # frames, warnings of the suite's bad requests within one millisecond).
+    for event in ("Initializing plugins manager", "Inference API bind to", "Management API bind to",
+                  "Metrics API bind to"):
+        assert len([line for line in ts_log if event in line]) == 1, event
     assert not [line for line in ts_log if "MODEL_LOG" in line]

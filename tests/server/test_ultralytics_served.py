@@ -113,7 +113,7 @@ def test_class_agnostic_nms_by_header_and_by_json_field(served, photos, ultralyt
     with offline_ultralytics():
         result = ultralytics_model(ultralytics_exports["yolov8n.torchscript"], "detect").predict(
             str(path), verbose=False, agnostic_nms=True, conf=0.1)[0]
-    assert_ultralytics_answer(by_header.json(), result, 0.1)
+    assert_ultralytics_answer(by_header.json(), result, 0.1, "agnostic")
 
 
 def test_bad_uploads_are_refused_alone_and_their_batch_mates_answered(served, photos):

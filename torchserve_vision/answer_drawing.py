@@ -6,6 +6,8 @@ torch and Pillow are imported when a drawing is made."""
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,18 @@ def with_caption(photo: Any, text: str) -> Any:
 
 
 def save_drawing(image_bytes: bytes, answer: Sequence[Any], target: Path) -> None:
-    """Draw `answer` on the photo and write it to `target` as PNG (folders made as needed)."""
+    """Draw `answer` on the photo and write it to `target` as PNG (folders made as needed): to a
+    temporary file beside it first, renamed into place once complete, so that `target` is never
+    a partial PNG."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    drawn_answer(image_bytes, answer).save(target, format="PNG")
+    drawn = drawn_answer(image_bytes, answer)
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".part",
+                                     delete=False) as partial:
+        try:
+            drawn.save(partial, format="PNG")
+            partial.flush()
+            os.fsync(partial.fileno())
+        except BaseException:
+            os.unlink(partial.name)
+            raise
+    os.replace(partial.name, target)

@@ -50,10 +50,19 @@ STALLING_DESCRIBE = (
     "hand\")")
 
 
-def gathered_by_agent(in_batch: dict[tuple[str, str], int] | None, model: str, version: str) -> bool | None:
-    """Whether the agent gathers `model` `version`'s batches, from what
-    TorchServeClient.requests_in_batch read (None: it could not be read, so unknown)."""
-    return None if in_batch is None else (model, version) in in_batch
+def gathered_by_agent(in_batch: dict[tuple[str, str], int] | None, description: dict[str, Any]
+                      ) -> bool | None:
+    """Whether the agent gathers the batches of the version `description` (describe's) says,
+    from what TorchServeClient.requests_in_batch read. None when unknown: the series could not be
+    read, or the version has no READY worker yet (the agent's series of a version appears with
+    its first worker, so its absence says nothing before)."""
+    if in_batch is None or not has_ready_worker(description):
+        return None
+    return (str(description.get("modelName")), str(description.get("modelVersion"))) in in_batch
+
+
+def has_ready_worker(description: dict[str, Any]) -> bool:
+    return any(worker.get("status") == "READY" for worker in description.get("workers", []))
 
 
 class ManagementError(CommandError, RuntimeError):
@@ -195,18 +204,14 @@ class TorchServeClient:
         path = f"/models/{model}" + (f"/{version}" if version else "")
         if customized:
             plain = self.call("GET", path)
-            served = str(plain[0]["modelVersion"]) if plain else ""
-            if plain and plain[0].get("continuousBatching") and self.batched_by_agent(model, served) is False:
-                raise ManagementError(0, STALLING_DESCRIBE.format(model=model, version=served),
-                                      f"GET {path}?customized=true")
+            if plain and plain[0].get("continuousBatching"):
+                in_batch = self.requests_in_batch()
+                if in_batch is not None and not has_ready_worker(plain[0]):
+                    return list(plain)      # no worker to answer it, none to say who gathers it
+                if gathered_by_agent(in_batch, plain[0]) is False:
+                    raise ManagementError(0, STALLING_DESCRIBE.format(
+                        model=model, version=plain[0]["modelVersion"]), f"GET {path}?customized=true")
         return list(self.call("GET", path, {"customized": "true"} if customized else None))
-
-    def batched_by_agent(self, model: str, version: str) -> bool | None:
-        """Whether this project's frontend agent gathers `model` `version`'s batches: True when
-        the agent's ts_requests_in_batch series for it is on the metrics endpoint (every version
-        served with queued batching has it from its first worker on), False when the endpoint
-        answers without it, None when it cannot be read (no metrics address, no answer)."""
-        return gathered_by_agent(self.requests_in_batch(), model, version)
 
     def register(self, archive: str, batch_size: int, max_batch_delay_ms: int, initial_workers: int,
                  response_timeout_s: int, startup_timeout_s: int | None = None) -> Any:
@@ -241,6 +246,11 @@ class TorchServeClient:
                     raise
                 time.sleep(self.unregister_retry_s)
         raise AssertionError("unreachable")
+
+    def batched_by_agent(self, model: str, version: str) -> bool | None:
+        """Whether this project's frontend agent gathers `model` `version`'s batches
+        (`gathered_by_agent` of its description and the metrics endpoint's series)."""
+        return gathered_by_agent(self.requests_in_batch(), self.call("GET", f"/models/{model}/{version}")[0])
 
     # --- the metrics API ---------------------------------------------------------------------
     def requests_in_batch(self) -> dict[tuple[str, str], int] | None:

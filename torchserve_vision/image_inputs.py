@@ -21,8 +21,9 @@ class InputError(CommandError):
 
 @dataclass(frozen=True)
 class ImageInput:
-    """One image: `path` as found (what the answer line names), `relative` its path below the
-    folder it was found in (its own name for a file given directly)."""
+    """One image: `path` resolved (absolute, what the answer line names: `photos/` and
+    `$PWD/photos` give the same paths), `relative` its path below the folder it was found in (its
+    own name for a file given directly)."""
 
     path: Path
     relative: Path
@@ -43,12 +44,13 @@ def is_image(path: Path) -> bool:
 
 
 def found_images(paths: Sequence[Path]) -> ImageInputs:
-    """Every image of `paths`: a file as given (whatever its suffix: the server decides), a
-    folder's images recursively, sorted by path; InputError for a path that does not exist or
-    cannot be read, and when there is no image at all."""
+    """Every image of `paths` once (by its resolved path): a file as given (whatever its suffix:
+    the server decides), a folder's images recursively, sorted by path; InputError for a path
+    that does not exist or cannot be read, and when there is no image at all."""
     images: list[ImageInput] = []
     skipped = 0
-    for path in paths:
+    for given in paths:
+        path = given.resolve() if given.exists() else given
         if path.is_dir():
             found, others = folder_images(path)
             images += found
@@ -64,7 +66,8 @@ def found_images(paths: Sequence[Path]) -> ImageInputs:
     if not images:
         raise InputError(f"no images in {', '.join(str(path) for path in paths)} "
                          f"({skipped} other file(s); images are {', '.join(sorted(IMAGE_SUFFIXES))})")
-    return ImageInputs(tuple(images), skipped)
+    unique = {image.key: image for image in reversed(images)}      # the first of each path kept
+    return ImageInputs(tuple(image for image in images if unique[image.key] is image), skipped)
 
 
 def folder_images(folder: Path) -> tuple[list[ImageInput], int]:

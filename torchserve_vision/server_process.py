@@ -55,6 +55,11 @@ class ServerError(CommandError, RuntimeError):
     """TorchServe did not start, or did not become healthy in time."""
 
 
+class ServerAlreadyRunning(ServerError):
+    """A TorchServe of the same run directory runs already: it was not started here, and it is
+    left as it is."""
+
+
 @dataclass(frozen=True)
 class TorchServeInstance:
     run_dir: Path
@@ -278,16 +283,28 @@ def frontend_exit_reason(instance: TorchServeInstance, output_start: int = 0, li
     return f". Last lines of {output}:\n" + "\n".join(text.splitlines()[-lines:])
 
 
+def refuse_if_running(instance: TorchServeInstance) -> None:
+    """ServerAlreadyRunning when a TorchServe runs from the instance's run directory."""
+    running = frontend_pid(instance)
+    if running is not None:
+        raise ServerAlreadyRunning(
+            f"TorchServe is already running from {instance.run_dir} (pid {running}, "
+            f"{instance.inference_url}); it was left running: use it, or stop it first with "
+            f"`torchserve-vision server stop --run-dir {instance.run_dir}`")
+
+
 def start(instance: TorchServeInstance, model_store: Path | None = None,
           timeout_s: float = 180.0, wait: bool = True, cancelled: threading.Event | None = None) -> None:
     """Start TorchServe with the instance's config (`--ncs`: no snapshot restore) and wait until it
-    is healthy; ServerError before starting when the store lacks an archive `load_models=` names,
-    and after stopping it again when it does not become healthy within `timeout_s`."""
+    is healthy; ServerAlreadyRunning (nothing changed) when one runs from the instance's run
+    directory already; ServerError before starting when the store lacks an archive `load_models=`
+    names, and after stopping it again when it does not become healthy within `timeout_s`."""
     instance.tmp_dir.mkdir(parents=True, exist_ok=True)
     instance.log_dir.mkdir(parents=True, exist_ok=True)
     if len(str(instance.tmp_dir / ".ts.sock.65535").encode()) > MAX_SOCKET_PATH:
         raise ServerError(f"the run directory {instance.run_dir} is too deep for worker sockets "
                           f"(Unix socket paths have at most {MAX_SOCKET_PATH} bytes): use a shorter one")
+    refuse_if_running(instance)
     store = model_store or configured_model_store(instance.config_path)
     check_archives_present(instance, store)
     extra = ["--start", "--ncs", "--ts-config", str(write_effective_config(instance, store)),
@@ -473,6 +490,7 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
     `drain_timeout_s`), TorchServe stopped. A signal while starting stops at once, without
     waiting for the workers. ServerError when it does not start, or when the frontend exits on
     its own."""
+    refuse_if_running(instance)
     stop_requested = threading.Event()
     handled = (signal.SIGTERM, signal.SIGINT)
     previous = {number: signal.signal(number, stop_handler(stop_requested)) for number in handled}
@@ -506,6 +524,8 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
             output_start = output_end(instance)
             try:
                 start(instance, store, options.start_timeout_s, cancelled=stop_requested)
+            except ServerAlreadyRunning:
+                raise                   # not started here: left running
             except ServerError:
                 stop(instance)
                 raise

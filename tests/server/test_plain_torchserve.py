@@ -105,3 +105,16 @@ def test_bursts_of_48_photos_and_bad_payloads_to_the_detector_each_get_their_own
     """Without the agent, TorchServe's own queue (job_queue_size, 100: the archives carry none of
     their own) holds every burst: no request refused with TorchServe's "has no worker" 503."""
     assert_burst_answers_each_as_alone(f"{plain_server.inference_url}/predictions/ssd_mobilenet_v2")
+
+
+def test_server_commands_leave_a_torchserve_they_did_not_start_and_say_so(plain_server, tmp_path, capsys):
+    """TorchServe started by hand answers at the config's address: `server stop` (another run
+    directory) stops nothing and says what still answers; `server start` starts nothing."""
+    location = ["--config", str(plain_server.config_path), "--run-dir", str(tmp_path / "elsewhere")]
+    assert command(["server", "stop", *location]) == 1
+    said = capsys.readouterr()
+    assert "no TorchServe was running from" in said.out
+    assert f"still answers at {plain_server.inference_url}" in said.err and "torchserve --stop" in said.err
+    assert command(["server", "start", *location]) == 1
+    assert "a TorchServe not started from" in capsys.readouterr().err
+    assert frontend_pid(plain_server) is not None

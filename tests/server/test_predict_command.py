@@ -5,6 +5,7 @@ status, never a traceback, for each input it cannot use."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -139,3 +140,54 @@ def test_a_version_without_a_ready_worker_gets_a_message(server, model_store, ca
     finally:
         requests.delete(f"{server.management_url}/models/{CLASSIFIER}/0.9-idle", timeout=60)
         (model_store / copy).unlink()
+
+
+def test_a_full_queue_is_waited_for_and_every_image_answered(server, model_store, tmp_path, capsys):
+    """A version whose queue holds 2 (its archive's jobQueueSize) and whose one worker takes
+    batches of 4, sent 16 photos at once: the server refuses what does not fit with 503 and
+    Retry-After, `predict` sends those again after it, and every photo is answered."""
+    copy = archive_with_version(model_store, f"{CLASSIFIER}-1.0.mar", "0.8-small-queue",
+                                frontend_changes={"jobQueueSize": 2})
+    answer = requests.post(f"{server.management_url}/models", timeout=120,
+                           params={"url": copy, "initial_workers": "1", "batch_size": "4",
+                                   "max_batch_delay": "50", "synchronous": "true"})
+    assert answer.status_code == 200, answer.text
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for index in range(16):
+        shutil.copy(PHOTOS_DIR / "chelsea.png", folder / f"cat-{index:02d}.png")
+    out = tmp_path / "answers.jsonl"
+    try:
+        assert predict(server, str(folder), "--version", "0.8-small-queue", "--out", str(out),
+                       "--concurrency", "16") == 0
+        summary = capsys.readouterr().err
+        lines = answer_lines(out)
+        assert [line["status"] for line in lines] == [200] * 16, summary
+        assert all(line["answer"][0]["label"] == "tiger cat" for line in lines)
+        assert "answered 16, failed 0 of 16 images; " in summary and "503 sent again" in summary, summary
+        # without --concurrency: no more than the queue and the worker's batch hold
+        assert predict(server, str(folder), "--version", "0.8-small-queue", "--out", str(out)) == 0
+        assert "answered 16, failed 0 of 16 images; " in capsys.readouterr().err
+    finally:
+        requests.delete(f"{server.management_url}/models/{CLASSIFIER}/0.8-small-queue", timeout=60)
+        (model_store / copy).unlink()
+
+
+def test_out_is_checked_before_anything_is_sent(server, photo_folder, tmp_path, capsys):
+    (photo_folder / "kitchen" / "broken.png").unlink()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("shopping\nmilk")                          # no final newline
+    for flags, message in [(["--out", str(tmp_path)], "is a folder"),
+                           (["--out", str(notes), "--resume"], "line 1: not an answer line")]:
+        assert predict(server, str(photo_folder), *flags) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert notes.read_text() == "shopping\nmilk"
+    nested = tmp_path / "new" / "folder" / "answers.jsonl"       # a missing folder is made
+    assert predict(server, str(photo_folder), "--out", str(nested)) == 0
+    assert len(answer_lines(nested)) == 3
+    # the same folder given as typed and as an absolute path: the same images, nothing resent
+    relative = Path(os.path.relpath(photo_folder))
+    assert predict(server, str(relative), str(photo_folder), "--out", str(nested), "--resume") == 0
+    assert "answered 0, failed 0, skipped 3" in capsys.readouterr().err
+    assert len(answer_lines(nested)) == 3

@@ -81,12 +81,36 @@ def test_start_with_a_front_returns_ready_and_stop_leaves_nothing_running(model_
         status = subprocess.run(command("server", "status", *location), capture_output=True,
                                 text=True, timeout=60)
         assert status.returncode == 0
+        assert_a_running_server_is_left_as_it_is(location, front_port)
+        answer = requests.post(f"http://127.0.0.1:{front_port}/predictions/efficientnet_lite0",
+                               data=(PHOTOS_DIR / "chelsea.png").read_bytes(), timeout=60)
+        assert answer.status_code == 200
     finally:
         stopped = subprocess.run(command("server", "stop", *location), capture_output=True,
                                  text=True, timeout=300)
     assert stopped.returncode == 0, stopped.stderr
+    assert f"TorchServe has stopped (run directory {run_dir})" in stopped.stdout
     assert frontend_pid(instance_for(config, run_dir)) is None
     assert not accepts_connections(front_port)
     left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
             if str(run_dir) in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+def assert_a_running_server_is_left_as_it_is(location: list[str], front_port: int) -> None:
+    """`server run` (the README's gRPC example's command) where the run directory's server runs
+    already: refused, saying so, the server untouched; `server start` says it serves, with its
+    front, and refuses a front it does not have."""
+    pid = frontend_pid(instance_for(Path(location[1]), Path(location[3])))
+    probe_port, other_port = free_ports(2)
+    refused = subprocess.run(command("server", "run", *location, "--probe-port", str(probe_port)),
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "TorchServe is already running from" in refused.stderr, refused
+    assert "it was left running" in refused.stderr and "Traceback" not in refused.stderr
+    again = subprocess.run(command("server", "start", *location, "--front-port", str(front_port)),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and f"its front on port {front_port}" in again.stdout, again
+    other = subprocess.run(command("server", "start", *location, "--front-port", str(other_port)),
+                           capture_output=True, text=True, timeout=120)
+    assert other.returncode == 1 and f"without a front on port {other_port}" in other.stderr, other
+    assert frontend_pid(instance_for(Path(location[1]), Path(location[3]))) == pid

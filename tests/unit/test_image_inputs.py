@@ -23,9 +23,19 @@ def test_folders_are_searched_recursively_and_other_files_counted(tmp_path):
         touch(tmp_path / name)
     given = touch(tmp_path / "elsewhere" / "scan.raw")       # a file given directly: the server decides
     found = found_images([tmp_path / "sub", tmp_path, given])
+    # an image found twice (sub/ and the folder above it) once, as first found
     assert [image.relative.as_posix() for image in found.images] == [
-        "c.webp", "deeper/d.tiff", "a.png", "b.JPG", "sub/c.webp", "sub/deeper/d.tiff", "scan.raw"]
+        "c.webp", "deeper/d.tiff", "a.png", "b.JPG", "scan.raw"]
     assert found.skipped == 1 + 3     # data.csv (first folder), then notes.txt, data.csv, scan.raw
+
+
+def test_paths_are_resolved_so_a_folder_given_two_ways_is_one(tmp_path, monkeypatch):
+    touch(tmp_path / "photos" / "a.png")
+    touch(tmp_path / "photos" / "sub" / "b.png")
+    monkeypatch.chdir(tmp_path)
+    found = found_images([Path("photos/"), tmp_path / "photos", Path("photos/sub/../a.png")])
+    assert [image.key for image in found.images] == [str(tmp_path.resolve() / "photos" / "a.png"),
+                                                     str(tmp_path.resolve() / "photos" / "sub" / "b.png")]
 
 
 def test_a_missing_path_or_no_images_is_an_input_error(tmp_path):

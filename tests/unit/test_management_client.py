@@ -208,16 +208,18 @@ class DescribingClient(TorchServeClient):
     """A client whose management API describes one version (`continuousBatching` as given) and
     whose metrics address reads `in_batch` (None: unreadable); it records the calls."""
 
-    def __init__(self, continuous: bool, in_batch: dict[tuple[str, str], int] | None) -> None:
+    def __init__(self, continuous: bool, in_batch: dict[tuple[str, str], int] | None,
+                 worker: str = "READY") -> None:
         super().__init__()
-        self.continuous, self.in_batch = continuous, in_batch
+        self.continuous, self.in_batch, self.worker = continuous, in_batch, worker
         self.calls: list[tuple[str, str, dict | None]] = []
 
     def call(self, method: str, path: str, params: dict | None = None, kind: str = "management",
              **kwargs: object) -> list[dict[str, object]]:
         self.calls.append((method, path, params))
         described: dict[str, object] = {"modelName": "m", "modelVersion": "1.0",
-                                        "continuousBatching": self.continuous}
+                                        "continuousBatching": self.continuous,
+                                        "workers": [{"id": "9000", "status": self.worker}]}
         if params == {"customized": "true"}:
             described["customizedMetadata"] = {"device": "cpu"}
         return [described]
@@ -244,3 +246,19 @@ def test_a_customized_describe_is_sent_only_where_torchserve_would_not_repeat_it
     customized = [call for call in client.calls if call[2] == {"customized": "true"}]
     assert len(customized) == (1 if asked else 0)
     assert client.batched_by_agent("m", "1.0") is (None if in_batch is None else ("m", "1.0") in in_batch)
+
+
+def test_a_version_without_a_ready_worker_is_not_said_to_lack_the_agent():
+    """Just registered (its worker starting): the agent's series of it is not there yet, which
+    says nothing of the agent; the plain description is given, nothing asked of the workers."""
+    client = DescribingClient(True, {("other", "1.0"): 0}, worker="UNLOADING")
+    assert client.batched_by_agent("m", "1.0") is None
+    assert "customizedMetadata" not in client.describe("m", "1.0", customized=True)[0]
+    assert [call for call in client.calls if call[2] == {"customized": "true"}] == []
+    from torchserve_vision.cli.models_common import describe_lines
+
+    described = client.describe("m", "1.0")[0] | {"modelUrl": "m.mar", "batchSize": 4, "maxBatchDelay": 50,
+                                                  "minWorkers": 1, "maxWorkers": 1, "responseTimeout": 120}
+    assert "without the agent" not in "\n".join(describe_lines(described, {("other", "1.0"): 0}))
+    described["workers"] = [{"id": "9000", "status": "READY"}]
+    assert "without the agent" in "\n".join(describe_lines(described, {("other", "1.0"): 0}))

@@ -51,7 +51,7 @@ def describe_lines(description: dict[str, Any], in_batch: dict[tuple[str, str], 
     """`description` as text; `in_batch`: TorchServeClient.requests_in_batch() (None: unknown),
     which says whether the agent batches the version."""
     queue = description.get("jobQueueStatus", {})
-    by_agent = gathered_by_agent(in_batch, str(description["modelName"]), str(description["modelVersion"]))
+    by_agent = gathered_by_agent(in_batch, description)
     lines = [f"{description['modelName']} {description['modelVersion']}  ({description['modelUrl']})",
              f"  batch size {description['batchSize']}, {batching_text(description, by_agent)},"
              f" workers min {description['minWorkers']} / max {description['maxWorkers']},"

@@ -5,21 +5,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from torchserve_vision.batch_predict import (
     DEFAULT_CONCURRENCY,
     IN_FLIGHT_PER_BATCH_SLOT,
+    MAX_503_RETRIES,
     AnswerLog,
     PredictError,
     PredictionLine,
     PredictionRun,
     RunCounts,
     answered_paths,
+    describe_error,
     served_model,
 )
 from torchserve_vision.cli.common import DEFAULT_MODEL, client_from, connection_flags, json_flag, subcommand
@@ -30,8 +33,7 @@ Send images to a running TorchServe. One photo: its answer as a table (--json: a
 or a folder (searched recursively; files that are not images are skipped and counted): one JSON
 line per image, {{"path", "status", "answer" or "error", "latency_ms"}}, to standard output or
 --out, with a progress bar on standard error when it is a terminal, and a summary at the end. A
-bad image gets its line with the server's error and the others go on; the exit status is 1 when
-any image failed.
+bad image gets its line with the server's error and the others go on.
 
   torchserve-vision predict photo.jpg                       # the classifier ({DEFAULT_MODEL})
   torchserve-vision predict photo.jpg --model ssd_mobilenet_v2 --draw photo-boxes.png
@@ -40,12 +42,17 @@ any image failed.
   torchserve-vision predict photo.jpg --json --version 1.0 --key-file .run/key_file.json
 
 --concurrency: requests in flight; by default {IN_FLIGHT_PER_BATCH_SLOT} x the model's READY workers x its
-batch size (when the management API answers), else {DEFAULT_CONCURRENCY}. --resume (with --out) skips
-the paths --out already answered with status 200 and sends the others again; an interrupted run
-leaves complete lines only. --draw: one photo's drawing to the file given; several photos' under the
-folder given, each at its path below the folder it was found in, as PNG.
+batch size, but no more than its queue plus a batch at each worker (when the management API
+answers), else {DEFAULT_CONCURRENCY}. A 503 (a full queue) is sent again, up to {MAX_503_RETRIES}
+times, after the server's Retry-After or a short growing backoff; the summary counts them.
+--resume (with --out) skips the paths whose last line in --out has status 200, and sends the
+others again (an image with several lines: its last counts); it refuses a file that is not an
+answers file. Paths are recorded resolved (absolute), so `photos/` and `$PWD/photos` are the same
+images. --draw: one photo's drawing to the file given; several photos' under the folder given,
+each at its path below the folder it was found in, as PNG; each is complete before its line is
+written. An error while handling one image is its own failed line; a line that cannot be written
+stops the run. The exit status is 0 only when every image found was answered.
 """
-PROGRESS_EVERY_S = 0.2
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -107,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     inputs = found_images(args.paths)
     single = one_photo(args)
     drawings = drawing_paths(inputs.images, args.draw, not single) if args.draw else {}
+    done = answered_paths(args.out) if args.resume else set()
+    if args.out is not None:
+        check_writable(args.out)
     client = client_from(args)
     model = served_model(client, args.model, args.version)
     concurrency = args.concurrency or model.default_concurrency()
@@ -114,7 +124,19 @@ def run(args: argparse.Namespace) -> int:
                                {**client.auth_headers("inference"), **request_headers(args)}, concurrency)
     if single:
         return answer_one(args, prediction, inputs.images[0], drawings)
-    return answer_many(args, prediction, inputs, drawings)
+    return answer_many(args, prediction, inputs, drawings, done)
+
+
+def check_writable(out: Path) -> None:
+    """PredictError unless `out` can take answer lines: a file, or none yet (its folder made)."""
+    if out.is_dir():
+        raise PredictError(f"--out {out} is a folder: give a file to write the answer lines to")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise PredictError(f"--out {out} cannot be written ({error.strerror})") from None
 
 
 def answer_one(args: argparse.Namespace, prediction: PredictionRun, image: ImageInput,
@@ -136,34 +158,57 @@ def answer_one(args: argparse.Namespace, prediction: PredictionRun, image: Image
 
 
 def answer_many(args: argparse.Namespace, prediction: PredictionRun, inputs: ImageInputs,
-                drawings: dict[str, Path]) -> int:
-    done = answered_paths(args.out) if args.resume else set()
+                drawings: dict[str, Path], done: set[str]) -> int:
+    """Every image not in `done` sent; its drawing written (when asked) before its line; the
+    summary on standard error; 0 when every image found was answered (now or before)."""
     images = [image for image in inputs.images if image.key not in done]
-    by_key = {image.key: image for image in images}
     stream = open(args.out, "a", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
-    log = AnswerLog(stream)
+    bar = tqdm(total=len(images), unit="image", file=sys.stderr, disable=not sys.stderr.isatty(),
+               dynamic_ncols=True)
+    shares_terminal = stream is sys.stdout and sys.stdout.isatty() and not bar.disable
+    log = AnswerLog(stream, (lambda text: tqdm.write(text, file=sys.stdout)) if shares_terminal else None)
 
-    def record(line: PredictionLine) -> None:
-        log.write(line)
-        if drawings and line.ok:
-            draw(by_key[line.path], line, drawings)
+    def progress(counts: RunCounts) -> None:
+        bar.set_postfix_str(f"{counts.failed} failed" if counts.failed else "", refresh=False)
+        bar.update(1)
 
-    progress = progress_bar(len(images)) if sys.stderr.isatty() else None
+    def complete(image: ImageInput, line: PredictionLine) -> None:
+        if drawings:
+            draw(image, line, drawings)
+
     try:
-        counts = prediction.run(images, record, progress) if images else RunCounts()
+        counts = prediction.run(images, log.write, complete, progress)
+    except PredictError as error:
+        if isinstance(error.__cause__, BrokenPipeError) and stream is sys.stdout:
+            quiet_stdout()
+        print(summary(prediction.counts, len(inputs.images) - len(images), inputs.skipped, args.out),
+              file=sys.stderr)
+        raise
     finally:
-        if progress is not None:
-            sys.stderr.write("\n")
+        bar.close()
         if stream is not sys.stdout:
             stream.close()
     print(summary(counts, len(inputs.images) - len(images), inputs.skipped, args.out), file=sys.stderr)
-    return 1 if counts.failed else 0
+    return 1 if counts.failed or counts.not_done else 0
+
+
+def quiet_stdout() -> None:
+    """Standard output to /dev/null, so that the interpreter's last flush of what a closed pipe
+    did not take raises nothing more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def draw(image: ImageInput, line: PredictionLine, drawings: dict[str, Path]) -> None:
     from torchserve_vision.answer_drawing import save_drawing
 
-    save_drawing(image.path.read_bytes(), line.answer, drawings[image.key])
+    target = drawings[image.key]
+    try:
+        save_drawing(image.path.read_bytes(), line.answer, target)
+    except Exception as error:
+        raise PredictError(f"answered, but its drawing could not be written to {target} "
+                           f"({describe_error(error)})") from error
 
 
 def error_message(error: Any) -> str:
@@ -172,28 +217,17 @@ def error_message(error: Any) -> str:
     return json.dumps(error)
 
 
-def progress_bar(total: int, width: int = 30) -> Callable[[RunCounts], None]:
-    """A one-line progress bar on standard error, redrawn at most every PROGRESS_EVERY_S."""
-    shown = [0.0]
-
-    def show(counts: RunCounts) -> None:
-        now = time.monotonic()
-        if now - shown[0] < PROGRESS_EVERY_S and counts.done < total:
-            return
-        shown[0] = now
-        filled = width * counts.done // max(total, 1)
-        failed = f", {counts.failed} failed" if counts.failed else ""
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {counts.done}/{total} images, "
-                         f"{counts.images_per_s():.1f} images/s{failed} ")
-        sys.stderr.flush()
-
-    return show
-
-
 def summary(counts: RunCounts, resumed: int, not_images: int, out: Path | None) -> str:
+    """answered + failed + skipped + not sent: every image found."""
     parts = [f"answered {counts.answered}", f"failed {counts.failed}"]
     if resumed:
         parts.append(f"skipped {resumed} (answered before in {out})")
+    if counts.not_done:
+        parts.append(f"not done {counts.not_done} (the run stopped)")
+    total = counts.total + resumed
+    text = ", ".join(parts) + f" of {total} image{'s' if total != 1 else ''}"
+    if counts.retried:
+        text += f"; {counts.retried} answer(s) 503 sent again"
     if not_images:
-        parts.append(f"{not_images} file(s) that are not images left out")
-    return ", ".join(parts) + f"; {counts.images_per_s():.1f} images/s"
+        text += f"; {not_images} file(s) that are not images left out"
+    return text + f"; {counts.images_per_s():.1f} images/s"

@@ -16,8 +16,10 @@ from torchserve_vision.json_log_lines import json_log_line
 from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.server_process import (
     ForegroundOptions,
+    ServerError,
     TorchServeInstance,
     configured_model_store,
+    frontend_pid,
     instance_for,
     ping,
     run_in_foreground,
@@ -173,13 +175,51 @@ def instance_from(args: argparse.Namespace) -> TorchServeInstance:
 def run_start(args: argparse.Namespace) -> int:
     instance = instance_from(args)
     if ping(instance):
-        print(f"TorchServe is already serving at {instance.inference_url}")
-        return 0
+        return already_serving(args, instance)
     if args.front_port is not None:
         return start_fronted(args, instance)
     start(instance, args.model_store, timeout_s=args.timeout)
     print(f"TorchServe is ready at {instance.inference_url} (logs in {instance.log_dir})")
     return 0
+
+
+def already_serving(args: argparse.Namespace, instance: TorchServeInstance) -> int:
+    """`server start` where a TorchServe answers already: 0 when it is this run directory's and
+    has what was asked (the front on --front-port); else ServerError saying what runs, and that
+    it was left as it is."""
+    if frontend_pid(instance) is None:
+        raise ServerError(f"a TorchServe not started from {args.run_dir} answers at {instance.inference_url} "
+                          "(one started by hand, or from another run directory); it was left running: use "
+                          "it, or stop it (`torchserve --stop` for one started by hand) and start again")
+    if args.front_port is not None and not fronted_on(args.run_dir, args.front_port):
+        raise ServerError(f"TorchServe is already serving at {instance.inference_url} from {args.run_dir}, "
+                          f"without a front on port {args.front_port}; it was left running: stop it "
+                          f"(`torchserve-vision server stop --run-dir {args.run_dir}`) and start it again "
+                          "with --front-port")
+    front = f", its front on port {args.front_port}" if args.front_port is not None else ""
+    print(f"TorchServe is already serving at {instance.inference_url}{front}")
+    return 0
+
+
+def background_run(run_dir: Path) -> psutil.Process | None:
+    """The `server run` that `server start --front-port` left in the background, while it runs."""
+    try:
+        process = psutil.Process(int((run_dir / BACKGROUND_RUN_PID).read_text().strip()))
+        return process if "torchserve_vision" in " ".join(process.cmdline()) else None
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def fronted_on(run_dir: Path, front_port: int) -> bool:
+    """Whether this run directory's background `server run` serves a front on `front_port`."""
+    process = background_run(run_dir)
+    if process is None:
+        return False
+    try:
+        words = process.cmdline()
+    except psutil.Error:
+        return False
+    return "--front-port" in words and words[words.index("--front-port") + 1:][:1] == [str(front_port)]
 
 
 def start_fronted(args: argparse.Namespace, instance: TorchServeInstance) -> int:
@@ -205,29 +245,37 @@ def start_fronted(args: argparse.Namespace, instance: TorchServeInstance) -> int
     return 0
 
 
-def stop_background_run(run_dir: Path, timeout_s: float) -> None:
+def stop_background_run(run_dir: Path, timeout_s: float) -> bool:
     """SIGTERM to the `server run` that `server start --front-port` left in the background (if
-    any), and wait for it to drain and exit."""
-    pid_file = run_dir / BACKGROUND_RUN_PID
-    if not pid_file.is_file():
-        return
+    any), and wait for it to drain and exit; whether there was one."""
+    process = background_run(run_dir)
+    (run_dir / BACKGROUND_RUN_PID).unlink(missing_ok=True)
+    if process is None:
+        return False
     try:
-        process = psutil.Process(int(pid_file.read_text().strip()))
-        if "torchserve_vision" in " ".join(process.cmdline()):
-            process.terminate()
-            process.wait(timeout=timeout_s)
-    except (psutil.NoSuchProcess, ValueError):
+        process.terminate()
+        process.wait(timeout=timeout_s)
+    except psutil.NoSuchProcess:
         pass
     except psutil.TimeoutExpired:
         process.kill()
-    pid_file.unlink(missing_ok=True)
+    return True
 
 
 def run_stop(args: argparse.Namespace) -> int:
+    """Stop what this run directory started; say what was stopped, and what still answers at its
+    address (a TorchServe started otherwise, left running: exit 1)."""
+    instance = instance_from(args)
+    ours = frontend_pid(instance) is not None
     # `server run` drains and stops its TorchServe itself (and its front); then nothing is left
-    stop_background_run(args.run_dir, args.drain_timeout + 120)
-    stop(instance_from(args), drain_timeout_s=args.drain_timeout)
-    print("TorchServe has stopped")
+    ours = stop_background_run(args.run_dir, args.drain_timeout + 120) or ours
+    stop(instance, drain_timeout_s=args.drain_timeout)
+    print(f"TorchServe has stopped (run directory {args.run_dir})" if ours
+          else f"no TorchServe was running from {args.run_dir}")
+    if ping(instance):
+        print(f"a TorchServe not started from {args.run_dir} still answers at {instance.inference_url} "
+              "and was left running (one started by hand stops with `torchserve --stop`)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,20 @@ def test_out_is_checked_before_anything_is_sent(server, photo_folder, tmp_path, 
     assert predict(server, str(relative), str(photo_folder), "--out", str(nested), "--resume") == 0
     assert "answered 0, failed 0, skipped 3" in capsys.readouterr().err
     assert len(answer_lines(nested)) == 3
+
+
+def test_a_closed_pipe_stops_the_run_with_a_message_and_status_1(server, tmp_path):
+    """`predict photos/ | head -n 1`: the lines that cannot be written stop the run; a message
+    and the summary on standard error, no traceback, exit status 1."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for index in range(12):
+        shutil.copy(PHOTOS_DIR / "coffee.png", folder / f"coffee-{index:02d}.png")
+    script = (f"{sys.executable} -m torchserve_vision predict {folder} --model {DETECTOR} --concurrency 1 "
+              f"--inference-url {server.inference_url} --management-url {server.management_url} "
+              '| head -n 1; exit "${PIPESTATUS[0]}"')
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert len(result.stdout.splitlines()) == 1 and json.loads(result.stdout)["status"] == 200
+    assert "Broken pipe); stopped" in result.stderr and "of 12 images" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr

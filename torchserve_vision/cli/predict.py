@@ -178,9 +178,10 @@ def answer_many(args: argparse.Namespace, prediction: PredictionRun, inputs: Ima
 
     try:
         counts = prediction.run(images, log.write, complete, progress)
-    except PredictError as error:
+    except (PredictError, KeyboardInterrupt) as error:
         if isinstance(error.__cause__, BrokenPipeError) and stream is sys.stdout:
             quiet_stdout()
+        bar.close()
         print(summary(prediction.counts, len(inputs.images) - len(images), inputs.skipped, args.out),
               file=sys.stderr)
         raise

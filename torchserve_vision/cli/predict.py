@@ -219,7 +219,7 @@ def error_message(error: Any) -> str:
 
 
 def summary(counts: RunCounts, resumed: int, not_images: int, out: Path | None) -> str:
-    """answered + failed + skipped + not sent: every image found."""
+    """answered + failed + skipped + not done: every image found."""
     parts = [f"answered {counts.answered}", f"failed {counts.failed}"]
     if resumed:
         parts.append(f"skipped {resumed} (answered before in {out})")

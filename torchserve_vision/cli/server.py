@@ -219,7 +219,8 @@ def fronted_on(run_dir: Path, front_port: int) -> bool:
         words = process.cmdline()
     except psutil.Error:
         return False
-    return "--front-port" in words and words[words.index("--front-port") + 1:][:1] == [str(front_port)]
+    flag = words.index("--front-port") if "--front-port" in words else len(words)
+    return words[flag + 1:flag + 2] == [str(front_port)]
 
 
 def start_fronted(args: argparse.Namespace, instance: TorchServeInstance) -> int:

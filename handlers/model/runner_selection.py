@@ -279,16 +279,11 @@ def choose_detector_runner(runners: ArchiveRunners, model_dir: Path, machine: Ma
         engine = call_with_deadline(
             functools.partial(load_candidate, candidate, model_dir, machine, threads, solo_threads),
             timeout_s)
+        precisions = checked_precisions(candidate.name.precision, machine.precision)
         for each in loads_of(engine):
-            try:
-                reason = check_head_outputs(each.outputs, network, probe,  # type: ignore[attr-defined]
-                                            *checked_precisions(candidate.name.precision, machine.precision))
-            except Exception as error:  # noqa: BLE001 - an engine that cannot run the probe is refused
-                raise CompiledModelRefused("wrong_output", f"running the probe photos failed: "
-                                           f"{type(error).__name__}: {error}") from None
-            if reason is not None:
-                raise CompiledModelRefused("wrong_output", f"the probe photos' head outputs differ from "
-                                           f"the fp32 eager network's: {reason}")
+            refuse_unless_alike(
+                functools.partial(check_head_outputs, each.outputs, network, probe,  # type: ignore[attr-defined]
+                                  *precisions), "head outputs differ from the fp32 eager network's")
         outputs: BackboneHeadRunner = engine.outputs  # type: ignore[attr-defined]
         return outputs, isinstance(engine, SoloThreadsRunner)
 
@@ -299,6 +294,19 @@ def choose_detector_runner(runners: ArchiveRunners, model_dir: Path, machine: Ma
     outputs, solo = loaded
     return outputs, RunnerChoice(str(chosen.name), chosen.name.precision, chosen.file, kind, refusals,
                                  solo_threads=solo_threads if solo else None)
+
+
+def refuse_unless_alike(check: Callable[[], str | None], differs: str) -> None:
+    """CompiledModelRefused("wrong_output") when `check` (an engine's answers to the probe
+    photos against the reference's: why they differ, or None) fails to run or finds a
+    difference; `differs` says what differed ("outputs differ from the export's")."""
+    try:
+        reason = check()
+    except Exception as error:  # noqa: BLE001 - an engine that cannot run the probe is refused
+        raise CompiledModelRefused("wrong_output", f"running the probe photos failed: "
+                                   f"{type(error).__name__}: {error}") from None
+    if reason is not None:
+        raise CompiledModelRefused("wrong_output", f"the probe photos' {differs}: {reason}")
 
 
 def choose_ultralytics_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarget,
@@ -320,14 +328,7 @@ def choose_ultralytics_runner(runners: ArchiveRunners, model_dir: Path, machine:
     def load_checked(candidate: Candidate) -> Runner:
         engine = call_with_deadline(
             functools.partial(load_candidate, candidate, model_dir, machine, threads), timeout_s)
-        try:
-            reason = check_outputs(engine, export, probe)
-        except Exception as error:  # noqa: BLE001 - an engine that cannot run the probe is refused
-            raise CompiledModelRefused("wrong_output", f"running the probe photos failed: "
-                                       f"{type(error).__name__}: {error}") from None
-        if reason is not None:
-            raise CompiledModelRefused("wrong_output", f"the probe photos' outputs differ from the "
-                                       f"export's: {reason}")
+        refuse_unless_alike(lambda: check_outputs(engine, export, probe), "outputs differ from the export's")
         return engine
 
     engine, chosen, refusals = first_that_serves(candidates(runners, machine, kind), runners, machine,

@@ -29,9 +29,8 @@ import numpy as np
 
 from torchserve_vision import paths
 from torchserve_vision.lab.benchmark_images import jpeg_of
-from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop
+from torchserve_vision.lab.served_loads import served_loads
 from torchserve_vision.model_descriptions import load_descriptions
-from torchserve_vision.server_process import instance_for, start, stop
 from torchserve_vision.torchserve_config import server_config, write_models_block
 
 MODEL = "ssd_mobilenet_v2"
@@ -63,21 +62,7 @@ def served(store: Path, jpegs: Sequence[bytes], settings: OpenCvLabSettings, wor
                       min_workers=settings.workers or described.serving.min_workers,
                       max_workers=settings.workers or described.serving.max_workers)
     write_models_block(config, [replace(described, serving=serving)])
-    instance = instance_for(config, work / "run")
-    start(instance, store, timeout_s=600)
-    try:
-        target = LoadTarget(f"{instance.inference_url}/predictions/{MODEL}", list(jpegs),
-                            {"Content-Type": "image/jpeg"})
-        run_closed_loop(target, max(settings.clients), 3.0, 10**6)              # warm-up
-        by_load = {}
-        for clients in settings.clients:
-            report = run_closed_loop(target, clients, settings.duration_s, 10**7)
-            by_load[clients] = {"images_per_s": round(report.throughput_rps, 1),
-                                "p50_ms": round(report.latency_ms["p50"], 1),
-                                "errors": sum(report.errors.values())}
-        return by_load
-    finally:
-        stop(instance)
+    return served_loads(config, store, MODEL, jpegs, settings.clients, settings.duration_s, work / "run")
 
 
 def opencv_net() -> Any:

@@ -26,9 +26,8 @@ from typing import Any
 from torchserve_vision import paths
 from torchserve_vision.errors import LabError
 from torchserve_vision.lab.benchmark_images import jpeg_of
-from torchserve_vision.lab.loadgen import LoadTarget, run_closed_loop
+from torchserve_vision.lab.served_loads import served_loads
 from torchserve_vision.model_descriptions import ModelDescription, ServingSettings, parse_description
-from torchserve_vision.server_process import instance_for, start, stop
 from torchserve_vision.torchserve_config import server_config, write_models_block
 
 # The same JPEGs for every side: the project's photos at sizes around a 640 input.
@@ -73,21 +72,7 @@ def served(export: Path, jpegs: Sequence[bytes], settings: UltralyticsLabSetting
     build_archive(description, store, reference_requests=0)
     config = server_config(work / "server", store, paths.DEVELOPMENT_CONFIG, job_queue_size="1000")
     write_models_block(config, [description])
-    instance = instance_for(config, work / "run")
-    start(instance, store, timeout_s=600)
-    try:
-        target = LoadTarget(f"{instance.inference_url}/predictions/yolo", list(jpegs),
-                            {"Content-Type": "image/jpeg"})
-        run_closed_loop(target, max(settings.clients), 3.0, 10**6)              # warm-up
-        by_load = {}
-        for clients in settings.clients:
-            report = run_closed_loop(target, clients, settings.duration_s, 10**7)
-            by_load[clients] = {"images_per_s": round(report.throughput_rps, 1),
-                                "p50_ms": round(report.latency_ms["p50"], 1),
-                                "errors": sum(report.errors.values())}
-        return by_load
-    finally:
-        stop(instance)
+    return served_loads(config, store, "yolo", jpegs, settings.clients, settings.duration_s, work / "run")
 
 
 def ultralytics_predict(export: Path, jpegs: Sequence[bytes], settings: UltralyticsLabSettings,

@@ -12,7 +12,7 @@ region stage between backbone and head; they serve eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -77,22 +77,26 @@ def image_anchors_xyxy(network: Any) -> torch.Tensor:
 def ssd_input_batch(network: Any, images: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """uint8 `[3, H_i, W_i]` images -> the network's normalized `float[B, 3, S, S]` batch, as its
     transform makes it from the float images (`transformed_batch`), bit for bit, with one
-    normalization and one resize per distinct size instead of one per image (its transform
-    normalizes, then resizes to the fixed size: torchvision's bilinear without antialiasing, or
-    the transform's own `resize_batch`)."""
+    normalization and one resize per distinct size instead of one per image: the transform's
+    own `uint8_batch` where it has one (handlers.model.tf_ssd_mobilenet: resize, then
+    normalize), else as torchvision's transforms do (normalize, then torchvision's bilinear
+    resize without antialiasing)."""
     height, width = ssd_input_size_hw(network)
     mean, std = ssd_normalization(tuple(network.transform.image_mean), tuple(network.transform.image_std),
                                   device)
-    resize_batch = getattr(network.transform, "resize_batch", None) or partial(
-        nn.functional.interpolate, size=[height, width], mode="bilinear", align_corners=False)
+    uint8_batch = getattr(network.transform, "uint8_batch", None)
     by_size: dict[tuple[int, int], list[int]] = {}
     for index, image in enumerate(images):
         by_size.setdefault((image.shape[-2], image.shape[-1]), []).append(index)
     parts: list[tuple[list[int], torch.Tensor]] = []
     for indices in by_size.values():
         same_size = torch.stack([images[index].to(device, non_blocking=True) for index in indices])
+        if uint8_batch is not None:
+            parts.append((indices, uint8_batch(same_size)))
+            continue
         scaled = F.to_dtype(same_size, torch.float32, scale=True)
-        parts.append((indices, resize_batch((scaled - mean) / std)))
+        parts.append((indices, nn.functional.interpolate((scaled - mean) / std, size=[height, width],
+                                                         mode="bilinear", align_corners=False)))
     if len(parts) == 1:
         return parts[0][1]
     batch = torch.empty((len(images), 3, height, width), dtype=torch.float32, device=device)

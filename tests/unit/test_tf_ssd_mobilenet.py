@@ -17,9 +17,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 from PIL import Image
+from torchvision.transforms.v2 import functional as F
 
 from handlers.model.settings import parse_detection_defaults
-from handlers.model.ssd_engine import SsdBackboneHead, image_anchors_xyxy
+from handlers.model.ssd_engine import SsdBackboneHead, image_anchors_xyxy, ssd_input_batch, transformed_batch
 from handlers.model.tf_ssd_mobilenet import (
     ARCHITECTURE,
     GRAPH_SCORE_THRESHOLD,
@@ -225,3 +226,21 @@ def test_tf1_resize_is_onnx_runtimes_asymmetric_linear_resize(in_hw: tuple[int, 
     np.testing.assert_allclose(tf1_bilinear_resize(images, out_hw).numpy(), expected, atol=0.05, rtol=0)
     if in_hw == out_hw:
         assert torch.equal(tf1_bilinear_resize(images, out_hw), images)
+
+
+def test_the_batched_uint8_transform_is_the_networks_own_resize_then_scaling_bit_for_bit() -> None:
+    """`ssd_input_batch` on uint8 photos of three sizes (two alike, so resized as one batch) is
+    the network's own transform of the same photos as floats, bit for bit, and each image is its
+    TensorFlow 1 resize alone, then scaled to [-1, 1]: the graph's order (it resizes the pixels,
+    then scales them), and no image of a batch reads another's pixels."""
+    model = TfSsdMobileNetV2().eval()        # the transform has no weights
+    generator = torch.Generator().manual_seed(3)
+    uint8 = [torch.randint(0, 256, (3, *size_hw), dtype=torch.uint8, generator=generator)
+             for size_hw in [(480, 640), (300, 451), (480, 640)]]
+    floats = [F.to_dtype(image, torch.float32, scale=True) for image in uint8]
+    expected = transformed_batch(model, floats)
+    assert torch.equal(ssd_input_batch(model, uint8, torch.device("cpu")), expected.tensors)
+    for image, batch_row in zip(floats, expected.tensors, strict=True):
+        alone = tf1_bilinear_resize(image[None], (INPUT_SIZE, INPUT_SIZE))[0]
+        assert torch.equal(batch_row, (alone - 0.5) / 0.5)
+    assert expected.image_sizes == [(INPUT_SIZE, INPUT_SIZE)] * 3

@@ -36,7 +36,7 @@ FEW_PROPOSALS = {"rpn_pre_nms_top_n_test": 200, "rpn_post_nms_top_n_test": 100}
 FAMILIES: dict[str, dict[str, Any]] = {
     "fasterrcnn_resnet50_fpn": {"box_score_thresh": 0.05, **SMALL, **FEW_PROPOSALS},
     "fasterrcnn_resnet50_fpn_v2": {"box_score_thresh": 0.05, **SMALL, **FEW_PROPOSALS},
-    "fasterrcnn_mobilenet_v3_large_fpn": {"box_score_thresh": 0.05, **SMALL},
+    "fasterrcnn_mobilenet_v3_large_fpn": {"box_score_thresh": 0.05, **SMALL, **FEW_PROPOSALS},
     "fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.05},
     "retinanet_resnet50_fpn": {"score_thresh": 0.05, **SMALL},
     "retinanet_resnet50_fpn_v2": {"score_thresh": 0.05, **SMALL},

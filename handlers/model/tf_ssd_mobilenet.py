@@ -240,10 +240,9 @@ class Tf1ResizeTransform(GeneralizedRCNNTransform):
         return self.fixed_size[1], self.fixed_size[0]
 
     def scaled(self, images: torch.Tensor) -> torch.Tensor:
-        """`float[N, C, h, w]` pixels in [0, 1] normalised by the transform's mean and std."""
-        mean = torch.as_tensor(self.image_mean, dtype=images.dtype, device=images.device)
-        std = torch.as_tensor(self.image_std, dtype=images.dtype, device=images.device)
-        return (images - mean[:, None, None]) / std[:, None, None]
+        """`float[N, C, h, w]` pixels in [0, 1] normalised by torchvision's own normalisation
+        (which this transform's `normalize` defers to here, after the resize)."""
+        return super().normalize(images)
 
 
 class TfSsdMobileNetV2(SSD):

@@ -268,6 +268,7 @@ class PredictionRun:
         self.timeout_s = timeout_s
         self.key_lock = threading.Lock()
         self.count_lock = threading.Lock()
+        self.fatal_lock = threading.Lock()
         self.key_generation = 0
         self.key_refreshed_s = 0.0
         self.fatal: PredictError | None = None
@@ -410,7 +411,7 @@ class PredictionRun:
 
     def stop(self, error: PredictError) -> None:
         """End the run with `error` (the first such error wins): no image is sent after it."""
-        with self.key_lock:
+        with self.fatal_lock:
             if self.fatal is None:
                 self.fatal = error
         self.stopped.set()

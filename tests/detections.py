@@ -46,3 +46,27 @@ def assert_identical_but_tie_order(ours: Sequence[Row], theirs: Sequence[Row]) -
     detections of exactly equal score, in any order."""
     assert [score for _, score, _ in ours] == [score for _, score, _ in theirs]
     assert in_tie_order(ours) == in_tie_order(theirs)
+
+
+def assert_detections_within(got: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]],
+                             bound: float, threshold: float) -> None:
+    """Two answers at `threshold` from computations that differ by rounding of at most `bound`
+    (a class score moves by at most `bound`, a box side by at most `bound` of the box's width or
+    height): every detection that either answer scores at `threshold + bound` or more has a
+    match in the other of the same class, its score within `bound` and each side within `bound`
+    of the reference box's size; closer to the threshold a detection may be in one answer only."""
+    def within(ours: dict[str, Any], theirs: dict[str, Any], box_size: dict[str, Any]) -> bool:
+        left, top, right, bottom = box_size["box"]
+        sides = (right - left, bottom - top) * 2
+        return (ours["index"] == theirs["index"] and abs(ours["score"] - theirs["score"]) <= bound
+                and all(abs(a - b) <= bound * side
+                        for a, b, side in zip(ours["box"], theirs["box"], sides, strict=True)))
+
+    for detection in reference:
+        if detection["score"] >= threshold + bound:
+            assert any(within(other, detection, detection) for other in got), (
+                f"nothing within {bound} of {detection} in {got}")
+    for detection in got:
+        if detection["score"] >= threshold + bound:
+            assert any(within(detection, other, other) for other in reference), (
+                f"nothing within {bound} of {detection} in {reference}")

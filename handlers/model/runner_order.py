@@ -52,11 +52,16 @@ DEFAULT_RUNNER_ORDER: Mapping[str, tuple[str, ...]] = {
     "avx2": ("openvino-int8", "onnxruntime-fp32", "openvino-fp32", "aoti-fp32"),
 }
 
-# An SSD-family detector's backbone and head (handlers.model.ssd_engine), fp32 on every CPU kind.
-# Measured with `torchserve-vision lab detector-parts` on SSDlite320 on a 2-core AMD EPYC with
-# AVX2 only: ONNX Runtime 1.09x / 1.07x OpenVINO f32 at batch 1 / 4 on 1 thread, 1.11x / 1.10x on
-# 2 (docs/benchmarks.md, "Detector").
+# An SSD-family detector's backbone and head (handlers.model.ssd_engine). Measured with
+# `torchserve-vision lab detector-parts` on SSDlite320 on a 2-core AMD EPYC with AVX2 only: ONNX
+# Runtime 1.09x / 1.07x OpenVINO f32 at batch 1 / 4 on 1 thread, 1.11x / 1.10x on 2
+# (docs/benchmarks.md, "Detector"); on the default detector (SSD MobileNetV2) on a Zen 4 with
+# AVX512-BF16 the two f32 engines within 5% of each other, and OpenVINO bf16 1.78x / 2.02x ONNX
+# Runtime at batch 1 / 4 on 1 thread. bf16 is tried only by a worker whose archive asks for
+# `precision: bf16` (the default detector does; its scores move by up to 0.15: docs/precision.md,
+# "Detectors in bf16") on a CPU with native bf16 (runner_selection.candidates).
 DEFAULT_DETECTOR_RUNNER_ORDER: Mapping[str, tuple[str, ...]] = {
+    "avx512_bf16": ("openvino-bf16", "onnxruntime-fp32", "openvino-fp32"),
     "avx2": ("onnxruntime-fp32", "openvino-fp32"),
 }
 

@@ -411,7 +411,8 @@ class DetectorSettings(HandlerSettings):
     # classifier's: handlers.model.host_batches); None: the worker's own.
     solo_threads: int | None = None
     # `compile:` of an SSD-family detector: its backbone and head on OpenVINO / ONNX Runtime, fp32
-    # (handlers.model.ssd_engine); what the builder wrote, as for a classifier.
+    # weights (OpenVINO computes bf16 for `precision: bf16` where the CPU has it natively;
+    # handlers.model.ssd_engine); what the builder wrote, as for a classifier.
     compile: CompileSettings | None = None
     engine_models: tuple[EngineModel, ...] = ()
     runner_order: Mapping[str, tuple[RunnerName, ...]] | None = None

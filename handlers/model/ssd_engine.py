@@ -144,28 +144,36 @@ class SsdEngineDetector:
 
 def head_output_disagreement(got: Sequence[torch.Tensor], expected: HeadOutputs,
                              anchors_xyxy: torch.Tensor, box_coder: Any, bound: float,
-                             activation: ScoreActivation = "softmax") -> str | None:
+                             activation: ScoreActivation = "softmax",
+                             lowest_score: float = 0.0) -> str | None:
     """Why an engine's head outputs for a batch are not the eager fp32 network's `expected` ones
     computed with rounding of at most `bound` (answer_agreement.probability_bound), or None.
 
-    Every anchor's class scores (the scores a detection is given: the softmax of its logits, or
-    their sigmoids for a network whose `score_activation` says so) move
-    by at most `bound`, and its decoded box's sides by at most `bound` of the anchor's own
-    width or height. Compared per anchor, before the score threshold and NMS, where a tiny
-    rounding difference can change which of two near-equal boxes is kept."""
+    Compared where an answer can come from: the (anchor, object class) pairs whose score (the
+    softmax of the anchor's logits, or their sigmoids for a network whose `score_activation` says
+    so) is at least `lowest_score` on either side (the network's `score_thresh`, the lowest score
+    a request may ask for; the background, class 0, is never answered). Each such score moves by
+    at most `bound`, and the decoded box of each anchor with such a pair moves its sides by at
+    most `bound` of the anchor's own width or height. Per anchor, before the score threshold and
+    NMS, where a tiny rounding difference can change which of two near-equal boxes is kept. A
+    non-finite output never agrees."""
     if len(got) != 2 or any(g.shape != e.shape for g, e in zip(got, expected, strict=False)):
         return f"output shapes {[tuple(g.shape) for g in got]}, eager {[tuple(e.shape) for e in expected]}"
     (regression, logits), (expected_regression, expected_logits) = got, expected
-    score_shift = (class_scores(logits.float(), activation)
-                   - class_scores(expected_logits.float(), activation)).abs().amax()
+    if not (bool(torch.isfinite(regression).all()) and bool(torch.isfinite(logits).all())):
+        return "a head output is not finite"
+    scores = class_scores(logits.float(), activation)[..., 1:]
+    expected_scores = class_scores(expected_logits.float(), activation)[..., 1:]
+    answerable = (scores >= lowest_score) | (expected_scores >= lowest_score)     # [B, A, C - 1]
+    score_shift = (scores - expected_scores).abs().masked_fill(~answerable, 0.0).amax()
     if not score_shift <= bound:
         return f"a class score moved by {float(score_shift):.3g} (+-{bound:g})"
     anchor_wh = (anchors_xyxy[:, 2:] - anchors_xyxy[:, :2]).repeat(1, 2)
-    for image, (ours, theirs) in enumerate(zip(regression.float(), expected_regression.float(),
-                                               strict=True)):
-        shift = (box_coder.decode_single(ours, anchors_xyxy)
-                 - box_coder.decode_single(theirs, anchors_xyxy)).abs() / anchor_wh
-        if not shift.amax() <= bound:
+    for image, (ours, theirs, answered) in enumerate(zip(regression.float(), expected_regression.float(),
+                                                         answerable.any(dim=-1), strict=True)):
+        shift = ((box_coder.decode_single(ours, anchors_xyxy)
+                  - box_coder.decode_single(theirs, anchors_xyxy)).abs() / anchor_wh)[answered]
+        if shift.numel() and not shift.amax() <= bound:
             return (f"image {image}: a box side moved by {float(shift.amax()):.3g} of its anchor's "
                     f"size (+-{bound:g})")
     return None
@@ -182,4 +190,5 @@ def check_head_outputs(engine: BackboneHeadRunner, network: Any, probe: torch.Te
         got = engine(batch)
     return head_output_disagreement(got, expected, image_anchors_xyxy(network), network.box_coder,
                                     probability_bound(*precisions),
-                                    getattr(network, "score_activation", "softmax"))
+                                    getattr(network, "score_activation", "softmax"),
+                                    float(network.score_thresh))

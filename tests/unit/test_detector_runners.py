@@ -1,7 +1,8 @@
 """An SSD-family detector's backbone and head on OpenVINO / ONNX Runtime: the check of their head
 outputs against the eager network's (pure), then, on the real SSDlite archive, every engine
 serving alone answers as the eager network does at every batch size, an engine that fails to
-load or answers for another model is refused, and the choice is described and counted."""
+load or answers for another model is refused, and the choice is described and counted; on the
+default detector's archive, bf16 where the CPU has it, within bf16's bound of fp32's answers."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ import torch
 import yaml
 from torchvision.models.detection._utils import BoxCoder
 
-from handlers.model.runner_order import order_for, parse_runner_order
+from handlers.model.answer_agreement import PROBABILITY_BOUNDS
+from handlers.model.model_loading import cpu_has_native_bf16
 from handlers.model.ssd_engine import SsdBackboneHead, head_output_disagreement
 from handlers.object_detector import ObjectDetectorHandler
 from tests.archives import archive_context, extract_archive, initialized
-from tests.detections import assert_same_detections, rows_from_answer
+from tests.detections import assert_detections_within, assert_same_detections, rows_from_answer
 from tests.images import photo_bytes
 from tests.recording_metrics import RecordingMetrics
+from tests.runners import first_runner_here
 from torchserve_vision.archives.engine_exports import convert_openvino
 
 PHOTOS = ["astronaut.png", "rocket.jpg", "chelsea.png", "coffee.png", "motorcycle_left.png"]
@@ -67,6 +70,36 @@ def test_outputs_of_another_shape_or_a_nan_never_agree():
     broken = logits.clone()
     broken[0, 0, 0] = float("nan")
     assert head_output_disagreement((regression, broken), (regression, logits), ANCHORS, CODER, 0.15)
+    broken = regression.clone()
+    broken[2, 1, 3] = float("inf")
+    assert head_output_disagreement((broken, logits), (regression, logits), ANCHORS, CODER, 0.15) == (
+        "a head output is not finite")
+
+
+def test_only_what_an_answer_can_come_from_is_compared():
+    """Scores below the lowest a request may ask for on both sides, the background's, and the
+    boxes of anchors with no such score move freely; lifting a score to it does not."""
+    regression = torch.zeros(1, 2, 4)
+    logits = torch.full((1, 2, 3), -6.0)         # sigmoid scores 0.0025: nothing answerable
+    logits[0, 0, 1] = 2.0                         # anchor 0, class 1: 0.88
+    expected = (regression, logits)
+
+    def moved(anchor: int, cls: int, logit: float, box: float = 0.0) -> str | None:
+        ours_regression, ours_logits = regression.clone(), logits.clone()
+        ours_logits[0, anchor, cls] = logit
+        ours_regression[0, anchor, 0] = box
+        return head_output_disagreement((ours_regression, ours_logits), expected, ANCHORS, CODER, 0.15,
+                                        "sigmoid", 0.05)
+
+    assert moved(1, 2, -3.5) is None              # 0.0025 -> 0.029: below 0.05 both times
+    assert moved(1, 0, 4.0) is None               # the background: never answered
+    assert moved(1, 2, -6.0, box=1.0) is None     # anchor 1 answers nothing: its box is free
+    lifted = moved(1, 2, -1.0)                    # 0.0025 -> 0.27: answerable, moved by 0.27
+    assert lifted is not None and "class score moved by 0.266" in lifted
+    boxed = moved(0, 1, 2.0, box=1.0)             # anchor 0 answers: dx 1.0 / 10 of 100 px = 0.1
+    assert boxed is None
+    boxed = moved(0, 1, 2.0, box=2.0)             # 0.2 of its width: past 0.15
+    assert boxed is not None and "a box side moved by 0.2 of its anchor's size" in boxed
 
 
 # --- on the real archive ---------------------------------------------------------------------------
@@ -125,15 +158,16 @@ def detect_at(handler: ObjectDetectorHandler, names: list[str], thresholds: list
 
 
 def test_the_archive_holds_the_backbone_and_head_for_both_engines_and_its_workers_use_one(detector_dir):
+    """SSDlite asks for fp32: its workers skip the bf16 runner its order has for CPUs with bf16."""
     handler_yaml = yaml.safe_load((detector_dir / "model-config.yaml").read_text())["handler"]
     assert {model["engine"] for model in handler_yaml["engine_models"]} == {"openvino", "onnxruntime"}
-    orders = handler_yaml["runner_order"].values()
-    assert all(runner.endswith("-fp32") for order in orders for runner in order)
+    assert {model["weights"] for model in handler_yaml["engine_models"]} == {"fp32"}
+    assert handler_yaml["runner_order"]["avx512_bf16"][0] == "openvino-bf16"
     handler = initialized(ObjectDetectorHandler(), detector_dir, 4)
     choice = handler.runners["detector"]
-    order = order_for(choice.cpu_kind or "avx2", parse_runner_order(handler_yaml["runner_order"]))
-    assert (choice.runner, choice.refusals) == (str(order[0]), ())
-    assert handler.describe()["runners"]["detector"]["runner"] == handler.runner == str(order[0])
+    first = first_runner_here(handler_yaml, "detector")
+    assert first.endswith("-fp32") and (choice.runner, choice.refusals) == (first, ())
+    assert handler.describe()["runners"]["detector"]["runner"] == handler.runner == first
 
 
 @pytest.mark.parametrize("runner", ["openvino-fp32", "onnxruntime-fp32"])
@@ -189,3 +223,36 @@ def test_an_engine_of_another_model_is_refused_for_its_answers_and_the_eager_net
     assert [(refusal.runner, refusal.error.kind) for refusal in choice.refusals] == [
         ("openvino-fp32", "wrong_output")]
     assert "differ from the fp32 eager network's" in str(choice.refusals[0].error)
+
+
+def with_precision(model_dir: Path, target: Path, precision: str) -> Path:
+    """An extracted archive, its `precision` set (its files otherwise the same)."""
+    shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("openvino-cache"))
+    config_path = target / "model-config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    config["handler"]["precision"] = precision
+    config_path.write_text(yaml.safe_dump(config))
+    return target
+
+
+def test_the_default_detector_serves_bf16_where_the_cpu_has_it_within_bf16s_bound_of_fp32(
+        model_store, tmp_path):
+    """config/models.yaml's detector asks for bf16: on a CPU with native bf16 its worker serves
+    OpenVINO at bf16, past the check at worker start, and elsewhere an fp32 runner; either way
+    its answers at the default 0.3 are the same archive's in fp32 within bf16's bound."""
+    served_dir = extract_archive(model_store / "ssd_mobilenet_v2-1.0.mar", tmp_path / "served")
+    handler_yaml = yaml.safe_load((served_dir / "model-config.yaml").read_text())["handler"]
+    assert handler_yaml["precision"] == "bf16"
+    served = initialized(ObjectDetectorHandler(), served_dir, 4)
+    reference = initialized(ObjectDetectorHandler(), with_precision(served_dir, tmp_path / "fp32", "fp32"), 4)
+    choice = served.runners["detector"]
+    assert (choice.runner, choice.refusals) == (first_runner_here(handler_yaml, "detector"), ())
+    assert choice.runner == ("openvino-bf16" if cpu_has_native_bf16() else reference.runner)
+    assert reference.runner.endswith("-fp32")
+    found = 0
+    for name in PHOTOS:
+        got, = detect(served, [name])
+        want, = detect(reference, [name])
+        assert_detections_within(got, want, PROBABILITY_BOUNDS["bf16"], 0.3)
+        found += len(want)
+    assert found >= 5

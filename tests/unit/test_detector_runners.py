@@ -108,14 +108,20 @@ def detector_dir(model_store, tmp_path_factory) -> Path:
     return extract_archive(model_store / "ssdlite320-1.0.mar", tmp_path_factory.mktemp("ssdlite"))
 
 
-def with_order(detector_dir: Path, target: Path, order: list[str]) -> Path:
-    """The detector's extracted archive, its order for every CPU kind set to `order`."""
-    shutil.copytree(detector_dir, target, ignore=shutil.ignore_patterns("openvino-cache"))
+def with_handler_settings(model_dir: Path, target: Path, **settings: Any) -> Path:
+    """A copy of an extracted archive with `settings` set in its YAML's `handler:` section (its
+    files otherwise the same)."""
+    shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("openvino-cache"))
     config_path = target / "model-config.yaml"
     config = yaml.safe_load(config_path.read_text())
-    config["handler"]["runner_order"] = {"avx512_bf16": order, "avx2": order}
+    config["handler"].update(settings)
     config_path.write_text(yaml.safe_dump(config))
     return target
+
+
+def with_order(detector_dir: Path, target: Path, order: list[str]) -> Path:
+    """The detector's extracted archive, its order for every CPU kind set to `order`."""
+    return with_handler_settings(detector_dir, target, runner_order={"avx512_bf16": order, "avx2": order})
 
 
 def detect(handler: ObjectDetectorHandler, names: list[str], **options: Any) -> list[list[dict]]:
@@ -225,16 +231,6 @@ def test_an_engine_of_another_model_is_refused_for_its_answers_and_the_eager_net
     assert "differ from the fp32 eager network's" in str(choice.refusals[0].error)
 
 
-def with_precision(model_dir: Path, target: Path, precision: str) -> Path:
-    """An extracted archive, its `precision` set (its files otherwise the same)."""
-    shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("openvino-cache"))
-    config_path = target / "model-config.yaml"
-    config = yaml.safe_load(config_path.read_text())
-    config["handler"]["precision"] = precision
-    config_path.write_text(yaml.safe_dump(config))
-    return target
-
-
 def test_the_default_detector_serves_bf16_where_the_cpu_has_it_within_bf16s_bound_of_fp32(
         model_store, tmp_path):
     """config/models.yaml's detector asks for bf16: on a CPU with native bf16 its worker serves
@@ -244,7 +240,8 @@ def test_the_default_detector_serves_bf16_where_the_cpu_has_it_within_bf16s_boun
     handler_yaml = yaml.safe_load((served_dir / "model-config.yaml").read_text())["handler"]
     assert handler_yaml["precision"] == "bf16"
     served = initialized(ObjectDetectorHandler(), served_dir, 4)
-    reference = initialized(ObjectDetectorHandler(), with_precision(served_dir, tmp_path / "fp32", "fp32"), 4)
+    reference = initialized(ObjectDetectorHandler(),
+                            with_handler_settings(served_dir, tmp_path / "fp32", precision="fp32"), 4)
     choice = served.runners["detector"]
     assert (choice.runner, choice.refusals) == (first_runner_here(handler_yaml, "detector"), ())
     assert choice.runner == ("openvino-bf16" if cpu_has_native_bf16() else reference.runner)

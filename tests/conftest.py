@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING
 import pytest
 from PIL import Image
 
+from handlers.model.openvino_package import block_openvino_telemetry
 from torchserve_vision import paths
+
+# No test process sends OpenVINO's usage telemetry, whatever a test imports first (the product's
+# own imports go through handlers/model/openvino_package.py; tests/unit/test_openvino_package.py
+# checks them in a process of their own).
+block_openvino_telemetry()
 
 # torch and the handlers are imported where a fixture needs them, not here: pytest-xdist's
 # controlling process loads this file too and runs no test (about 9 s of a core saved per run).

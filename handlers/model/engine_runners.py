@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from handlers.model.openvino_package import openvino_package
+
 logger = logging.getLogger(__name__)
 
 OPENVINO_PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
@@ -85,9 +87,7 @@ def openvino_core() -> Any:
     signal stack on the thread that loads it and puts back the previous one when it is released;
     Cores released out of order leave a thread pointing at a freed stack, and the next signal
     with a handler (Ctrl-C) crashes the process."""
-    import openvino
-
-    return openvino.Core()
+    return openvino_package().Core()
 
 
 @contextlib.contextmanager

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from handlers.model.engine_runners import OPENVINO_CACHE_LOCK, OpenVinoRunner, exclusive_lock
+from handlers.model.openvino_package import openvino_package
 
-openvino = pytest.importorskip("openvino")
+openvino = openvino_package()
 
 
 @pytest.fixture(scope="module")

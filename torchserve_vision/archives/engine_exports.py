@@ -23,6 +23,7 @@ from torch import nn
 
 from handlers.ground.limits import ImageLimits
 from handlers.model.compiled_model import PROBE_FILE
+from handlers.model.openvino_package import openvino_package
 from handlers.model.runner_selection import EngineModel
 from handlers.model.ssd_engine import SSD_OUTPUT_NAMES, SsdBackboneHead
 from handlers.request.decode import decode_image_bytes
@@ -60,8 +61,7 @@ def convert_openvino(model: nn.Module, input_shape_chw: tuple[int, int, int], pa
     """`model` (eval, CPU) as an OpenVINO IR at `path` (`.xml`, weights in the `.bin` beside it)
     with input float32 [?, 3, S, S]. Weights stay fp32: compressed to fp16 they moved the bf16
     answers further from the fp32 model's (top-1 agreement on random inputs 0.875 vs 1.0)."""
-    import openvino
-
+    openvino = openvino_package()
     # OpenVINO traces the model with TorchScript, whose deprecation and tracer warnings are not
     # the user's to act on.
     with torch.no_grad(), warnings.catch_warnings():

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from handlers.model.engine_runners import openvino_core
+from handlers.model.openvino_package import block_openvino_telemetry, openvino_package
 from handlers.model.settings import Int8Settings
 from handlers.request.decode import ImageLimits, decode_image_bytes
 from handlers.task.transforms import preprocess_classification_batch
@@ -124,6 +125,7 @@ def model_input(jpegs: Sequence[bytes], preprocessing: Preprocessing) -> torch.T
 
 def quantized(float_ir: Path, calibration: torch.Tensor) -> Any:
     """The OpenVINO model at `float_ir`, quantized to int8 by NNCF on `calibration` images."""
+    block_openvino_telemetry()       # NNCF imports OpenVINO and its telemetry
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
@@ -168,8 +170,7 @@ def build_int8_model(model: nn.Module, float_ir: Path, request: Int8Request) -> 
     calibration = model_input(variant_jpegs(calibration_photos, settings.calibration_images,
                                             CALIBRATION_SEED), preprocessing)
     gate_images = model_input(variant_jpegs(gate_photos, settings.gate_images, GATE_SEED), preprocessing)
-    import openvino
-
+    openvino = openvino_package()
     path = float_ir.parent / INT8_FILE
     openvino.save_model(quantized(float_ir, calibration), str(path), compress_to_fp16=False)
     agreement, largest, median = answer_shift(model.eval(), path, gate_images)

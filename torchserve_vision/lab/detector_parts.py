@@ -35,6 +35,7 @@ from handlers.model.engine_runners import (
     OpenVinoRunner,
     openvino_core,
 )
+from handlers.model.openvino_package import openvino_package
 from handlers.model.runner_selection import EngineModel
 from handlers.model.ssd_engine import NotAnSsdDetector, SsdBackboneHead, ssd_input_batch, ssd_input_size_hw
 from handlers.object_detector import ObjectDetectorHandler
@@ -70,8 +71,7 @@ Forward = Callable[[torch.Tensor], Any]
 
 
 def openvino_forward(module: nn.Module, example: torch.Tensor, precision: str, threads: int) -> Forward:
-    import openvino
-
+    openvino = openvino_package()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         converted = openvino.convert_model(module, example_input=example,

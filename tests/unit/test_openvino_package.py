@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from handlers.model.engine_runners import OpenVinoRunner
 from torchserve_vision.archives.engine_exports import convert_openvino
-from torchserve_vision.archives.int8_quantization import block_openvino_telemetry
+from handlers.model.openvino_package import block_openvino_telemetry
 
 torch.manual_seed(0)
 network = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),

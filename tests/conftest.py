@@ -9,6 +9,7 @@ frontend agent are marked `slow` where they are; server tests are marked `server
 from __future__ import annotations
 
 import fcntl
+import gc
 import multiprocessing
 import os
 import shutil
@@ -41,16 +42,34 @@ PILLOW_OPEN = Image.open   # before any test imports Ultralytics (pillow_opens_a
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In a pytest-xdist worker, torch computes on the cores' share of that worker (scripts/test.sh
+    """Python's collector of reference cycles is off until collection ends (`pytest_collection`).
+    In a pytest-xdist worker, torch computes on the cores' share of that worker (scripts/test.sh
     runs as many workers as a 2-core machine has cores: one thread each). Each worker's torch
     otherwise takes every core, and two workers spinning two OpenMP threads each on two cores
     waste what they spin (the detector equivalences took 6.5 s alone and up to 38 s beside the
     store build). A test that wants more threads sets them; servers' workers set their own."""
+    gc.disable()
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if os.environ.get("PYTEST_XDIST_WORKER") and workers:
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[object]:
+    """Collection imports every test module, and with them torch, timm, OpenVINO, Hypothesis and
+    the rest: millions of objects, which each full pass of Python's cycle collector walks again
+    (about 6 s of a core per process on the 2-core EPYC, half of collecting the fast tier).
+    The collector is off while they load, runs once at the end, and what is left is frozen
+    (`gc.freeze`: kept out of every later pass, as it lives until the process ends) before the
+    tests run with the collector on."""
+    try:
+        return (yield)
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -29,11 +29,12 @@ from torchserve_vision.worker_forkserver.frontend_setup import (
 )
 
 WORKER_SCRIPT = """
-import json, os, sys, time
+import gc, json, os, sys, time
 import model_module
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[1:], "cwd": os.getcwd(),
                   "setting": os.environ.get("WORKER_SETTING"), "module": model_module.VALUE,
-                  "path0": sys.path[0], "name": __name__,
+                  "path0": sys.path[0], "name": __name__, "collector_on": gc.isenabled(),
+                  "frozen": gc.get_freeze_count(),
                   "frontend": os.environ.get("TSV_FRONTEND_PID")}), flush=True)
 print("to standard error", file=sys.stderr, flush=True)
 if "--sleep" in sys.argv:
@@ -133,9 +134,14 @@ def test_workers_forked_from_one_server_answer_as_plainly_started_ones(tmp_path:
 
     def comparable(lines: list[str]) -> list[Any]:
         return [line if line.startswith("exit") else
-                {k: v for k, v in json.loads(line).items() if k not in ("pid", "ppid", "frontend")}
+                {k: v for k, v in json.loads(line).items() if k not in ("pid", "ppid", "frontend", "frozen")}
                 for line in lines]
     assert comparable(forked) == comparable(plain)
+    assert comparable(forked)[0]["collector_on"] is True
+    # the fork server's imports (torch, torchvision, timm, ...) are frozen out of a forked
+    # worker's cycle collections; a plainly started worker has frozen nothing
+    assert {json.loads(line)["frozen"] for line in plain[::2]} == {0}
+    assert min(json.loads(line)["frozen"] for line in forked[::2]) > 100_000
     assert comparable(plain)[1] == "exit 7" and comparable(plain)[0]["module"] == "from the model directory"
     assert comparable(plain)[0]["name"] == "__main__" and comparable(plain)[2]["argv"] == ["--port", "9001"]
     assert parents(plain) == {plain_shell}

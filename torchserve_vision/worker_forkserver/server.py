@@ -6,7 +6,7 @@ TorchServe's pid file, so that the imports run while the frontend starts), in a 
 with its output in a log file next to its socket. It exits when the frontend exits. It stays
 single-threaded in Python and computes nothing before forking: no OpenMP pool, no CUDA context
 (refused if a preloaded module made one), so each child starts as a fresh interpreter that had run
-the same imports would.
+the same imports would, with those imports' objects frozen out of its cycle collector (`preload`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import gc
 import importlib
 import logging
 import os
@@ -58,12 +59,22 @@ OWNER_POLL_S = 0.05
 
 def preload() -> None:
     """Import PRELOADED_MODULES; SystemExit if that initialised CUDA (a forked child could not
-    use it)."""
-    for name in PRELOADED_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            continue
+    use it). Python's cycle collector is off while they load (its passes over their hundreds of
+    thousands of objects cost about 0.5 s of a core per start), runs once at the end, and what
+    is left is frozen (`gc.freeze`, as Python's documentation advises before forking): the
+    children's collections never walk these objects, so they neither spend time on them nor
+    write to the pages the children share with this process."""
+    gc.disable()
+    try:
+        for name in PRELOADED_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                continue
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise SystemExit("a preloaded module initialised CUDA; workers must start plainly")

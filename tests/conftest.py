@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_collection(session: pytest.Session) -> Iterator[object]:
+def pytest_collection(session: pytest.Session) -> Generator[None, object, object]:
     """Collection imports every test module, and with them torch, timm, OpenVINO, Hypothesis and
     the rest: millions of objects, which each full pass of Python's cycle collector walks again
     (about 6 s of a core per process on the 2-core EPYC, half of collecting the fast tier).

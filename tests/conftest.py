@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection(session: pytest.Session) -> Generator[None, object, object]:
     """Collection imports every test module, and with them torch, timm, OpenVINO, Hypothesis and
-    the rest: millions of objects, which each full pass of Python's cycle collector walks again
+    the rest: over half a million objects, which each full pass of Python's cycle collector walks again
     (about 6 s of a core per process on the 2-core Zen 4 EPYC: about half of collecting the whole
     suite, docs/testing.md).
     The collector is off while they load, runs once at the end, and what is left is frozen

@@ -59,12 +59,12 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection(session: pytest.Session) -> Generator[None, object, object]:
     """Collection imports every test module, and with them torch, timm, OpenVINO, Hypothesis and
-    the rest: over half a million objects, which each full pass of Python's cycle collector walks again
-    (about 6 s of a core per process on the 2-core Zen 4 EPYC: about half of collecting the whole
-    suite, docs/testing.md).
-    The collector is off while they load, runs once at the end, and what is left is frozen
-    (`gc.freeze`: kept out of every later pass, as it lives until the process ends) before the
-    tests run with the collector on."""
+    the rest: over half a million objects, which each full pass of Python's cycle collector walks
+    again (about 6 s of a core per process on the 2-core Zen 4 EPYC: about half of collecting the
+    whole suite, docs/testing.md). The collector is off while they load (from `pytest_configure`,
+    which imports torch in a pytest-xdist worker), runs once at the end, and what is left is
+    frozen (`gc.freeze`: kept out of every later pass, as it lives until the process ends) before
+    the tests run with the collector on."""
     try:
         return (yield)
     finally:

@@ -14,7 +14,7 @@ from torch import nn
 from torchvision.transforms.v2 import functional as F
 
 from handlers.ground.limits import ImageLimits
-from handlers.model.model_loading import create_architecture
+from handlers.model.model_loading import built_from_state_dict
 from handlers.object_detector import ObjectDetectorHandler
 from handlers.request.decode import decode_image_bytes
 from tests.archives import archive_context, extract_archive, load_detector, stage_model_dir
@@ -87,9 +87,10 @@ def test_handler_answers_equal_the_eager_torchvision_model(architecture, tmp_pat
     description = describe(architecture, FAMILIES[architecture])
     # batches of up to three (the photos): the worker warms up at batch 1 and 3, not 1 and 4
     handler = load_detector(stage_model_dir(description, tmp_path), batch_size=len(PHOTOS))
-    with torch.device("meta"):     # no random initialisation: the archive's weights replace it
-        eager = create_architecture(model_source(description, 91))
-    eager.load_state_dict(torch.load(handler.model_dir / "model.pt", weights_only=True), assign=True)
+    # torchvision's architecture with the archive's weights, built without a random initialisation
+    eager = built_from_state_dict(model_source(description, 91),
+                                  torch.load(handler.model_dir / "model.pt", weights_only=True))
+    assert eager is not None
     eager.eval()
     images = [photo_bytes(name) for name in PHOTOS]
     solo_eager = [eager_answers(eager, [image])[0] for image in images]

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from handlers.image_classifier import ImageClassifierHandler
     from torchserve_vision.model_descriptions import ModelDescription
 
+pytest_plugins = ["tests.cpu_by_unit"]      # `--cpu-by-unit FILE`: the CPU of each unit
 HEAVY_FIXTURES = {"model_store", "classifier", "ultralytics_exports"}
 PILLOW_OPEN = Image.open   # before any test imports Ultralytics (pillow_opens_as_pillow)
 
@@ -49,6 +50,9 @@ def pytest_configure(config: pytest.Config) -> None:
     waste what they spin (the detector equivalences took 6.5 s alone and up to 38 s beside the
     store build). A test that wants more threads sets them; servers' workers set their own."""
     gc.disable()
+    from tests.cpu_by_unit import UNIT_OF  # imported once pytest_plugins registered it
+
+    config.stash[UNIT_OF] = schedule_unit
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if os.environ.get("PYTEST_XDIST_WORKER") and workers:
         import torch

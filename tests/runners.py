@@ -3,6 +3,7 @@ check it does (handlers/model/runner_selection.py)."""
 
 from __future__ import annotations
 
+import os
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +49,15 @@ def engine_threads(runner: object) -> int:
         return int(runner.compiled.get_property("INFERENCE_NUM_THREADS"))
     assert isinstance(runner, OnnxRuntimeRunner), runner
     return int(runner.session.get_session_options().intra_op_num_threads)
+
+
+def threads_given(asked: int, runner: object) -> int:
+    """The threads `runner`'s engine computes on when asked for `asked`: OpenVINO takes no more
+    than the cores this process may run on (one under `taskset -c 0`), ONNX Runtime as many as
+    it is asked for."""
+    if isinstance(runner, OpenVinoRunner):
+        return min(asked, len(os.sched_getaffinity(0)))
+    return asked
 
 
 

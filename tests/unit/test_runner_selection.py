@@ -30,7 +30,7 @@ from handlers.model.runner_selection import (
 from tests.answers import assert_same_answer
 from tests.archives import load_classifier_dir, photo_answers
 from tests.recording_metrics import RecordingMetrics
-from tests.runners import engine_threads, spins_on_after_a_run
+from tests.runners import engine_threads, spins_on_after_a_run, threads_given
 from tests.unit.test_host_batches import other_worker_in_a_batch
 
 TARGET = CompileTarget("2.14.1", "cpu", "AVX2", "fp32", 8, (3, 224, 224), True)
@@ -195,7 +195,7 @@ def test_torch_keeps_one_thread_where_another_engine_computes_on_the_worker_thre
     *during_initialize, _restored_by_the_test = calls
     assert during_initialize[0] == 2 and during_initialize[-1] == torch_threads_after
     if isinstance(handler.classifier.run, OpenVinoRunner):
-        assert handler.classifier.run.compiled.get_property("INFERENCE_NUM_THREADS") == 2
+        assert engine_threads(handler.classifier.run) == threads_given(2, handler.classifier.run)
     else:
         assert order[0] == "aoti-fp32"
 
@@ -221,7 +221,8 @@ def test_an_engine_is_loaded_again_at_solo_threads_for_batches_alone_on_the_host
     handler = load_classifier_dir(model_dir)
     run = handler.classifier.run
     assert handler.runner == runner and isinstance(run, SoloThreadsRunner)
-    assert [engine_threads(load) for load in (run.shared, run.solo)] == [1, 2]
+    assert [engine_threads(load) for load in (run.shared, run.solo)] == [
+        threads_given(1, run.shared), threads_given(2, run.solo)]
     if runner.startswith("onnxruntime"):   # no load's threads hold the cores once a run ends
         assert [spins_on_after_a_run(load) for load in (run.shared, run.solo)] == [False, False]
     assert handler.describe()["runners"]["classifier"]["solo_threads"] == 2

@@ -26,7 +26,8 @@
  * TorchServe's own use of clientTimeoutInMills is switched off for the requests gathered here:
  * it drops an expired request without an answer, and drops the answer of a request whose
  * deadline passed while its batch ran. Expired requests are counted in
- * ts_requests_expired_total{model_name, model_version, hostname}.
+ * ts_requests_expired_total{model_name, model_version, hostname}; every refusal is counted before
+ * it is answered, so a client that has its 504 or 503 finds it in the next scrape.
  *
  * Priorities: a request with `X-Request-Priority: high` is taken before every `normal` one (the
  * default; any other value is a 400 for that request alone). While high-priority requests come
@@ -323,8 +324,8 @@ public class ContinuousBatching extends BatchAggregator {
             String message = "the request waited " + waitedMs + " ms in the queue and a batch"
                     + " takes about " + batchMs + " ms: it could not be answered within its"
                     + " deadline of " + timeoutMs + " ms, so it was not computed";
+            count(EXPIRED_METRIC);     // before the answer: whoever has it finds it counted
             answer(job, EXPIRED_STATUS, "DeadlineExceeded", message, null);
-            count(EXPIRED_METRIC);
             return message;
         }
         return null;
@@ -352,10 +353,10 @@ public class ContinuousBatching extends BatchAggregator {
                 return;
             }
             if (queue.removeFirstOccurrence(job)) {
+                count(SHED_METRIC);
                 answer(job, SHED_STATUS, "ServiceUnavailable", "the server is overloaded and "
                         + "keeps room for high-priority requests (" + PRIORITY_HEADER + ")",
                         Map.of("Retry-After", "1"));
-                count(SHED_METRIC);
             }
         }
     }
@@ -526,9 +527,9 @@ public class ContinuousBatching extends BatchAggregator {
     static void refuseFull(Job job, Model model, String reason, long retryAfterS) {
         String message = "Model \"" + model.getModelName() + "\" version " + model.getVersion()
                 + " has a full queue: " + reason + "; retry after " + retryAfterS + " s";
+        countFor(model, QUEUE_FULL_METRIC);
         answer(job, SHED_STATUS, "ServiceUnavailableException", message,
                 Map.of("Retry-After", Long.toString(retryAfterS)));
-        countFor(model, QUEUE_FULL_METRIC);
     }
 
     /** The frontend's counter `name`, made once (a Prometheus collector registers its name once

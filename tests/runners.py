@@ -60,7 +60,6 @@ def threads_given(asked: int, runner: object) -> int:
     return asked
 
 
-
 def spins_on_after_a_run(runner: object) -> bool:
     """Whether an ONNX Runtime runner's threads spin on after a run ends (the engine's default)."""
     assert isinstance(runner, OnnxRuntimeRunner), runner

@@ -58,7 +58,9 @@ def test_leaves_a_process_running():
     subprocess.Popen(["sleep", "600"], start_new_session=True)
 """
 BUSY_MODULE = f"""
-import subprocess, sys, time
+import subprocess, sys
+
+from torchserve_vision.waiting import wait_until
 
 # The child forks and exits at once: the grandchild computes reparented, as a TorchServe
 # frontend does once `torchserve --start` has returned.
@@ -76,10 +78,7 @@ open(sys.argv[1], "w").close()
 def test_busy(tmp_path):
     done = tmp_path / "done"
     subprocess.run([sys.executable, "-c", GRANDCHILD, str(done)], check=True)
-    waited = time.monotonic()
-    while not done.exists():
-        assert time.monotonic() - waited < 120, "the grandchild never finished"
-        time.sleep(0.02)
+    wait_until(done.exists, 120, "the grandchild to finish", interval_s=0.02)
 """
 
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 import tritonclient.http as triton
 
-from tests.images import photo_bytes
+from tests.images import load_photo, photo_bytes
 from tests.server.candidate_archives import reversed_labels_copy
 from tests.server.commands import started_command
 from tests.server.load import CHANGE_PAUSE_S, ContinuousLoad
@@ -78,7 +78,7 @@ def versions_answering(pod: Pod, count: int, headers: dict[str, str] | None = No
 def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fronted, model_store):
     client = TorchServeClient(fronted.instance.management_url, fronted.instance.inference_url)
     with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
-                        photo_bytes("chelsea.png"), clients=3, pause_s=CHANGE_PAUSE_S) as load:
+                        load_photo(), clients=3, pause_s=CHANGE_PAUSE_S) as load:
         assert models(fronted, model_store, "canary", MODEL, f"{MODEL}-{CANDIDATE}.mar",
                       "--percent", "30") == 0
         split = versions_answering(fronted, 200)
@@ -169,7 +169,7 @@ def test_a_stepped_canary_stops_when_its_shadow_disagrees_with_production(
     assert models(fronted, model_store, "shadow", MODEL, renamed, "--percent", "100") == 0
     try:
         with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
-                            photo_bytes("chelsea.png"), clients=3, pause_s=CHANGE_PAUSE_S) as load:
+                            load_photo(), clients=3, pause_s=CHANGE_PAUSE_S) as load:
             capsys.readouterr()
             assert models(fronted, model_store, "canary", MODEL, "--steps", "50,100", "--auto",
                           "--hold", "4", "--min-requests", "5", "--min-agreement", "0.9") == 1

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.images import photo_bytes, slow_png
+from tests.images import load_photo, photo_bytes, slow_png
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
 from torchserve_vision.deployment_settings import DeploymentSettings
@@ -68,7 +68,7 @@ def worker_pids(server: TorchServeInstance) -> list[int]:
 def test_a_killed_worker_is_replaced_and_no_request_hangs(fault_server):
     pids = worker_pids(fault_server)
     pid = pids[0]
-    with ContinuousLoad(url(fault_server), photo_bytes("chelsea.png"), clients=4) as load:
+    with ContinuousLoad(url(fault_server), load_photo(), clients=4) as load:
         load.wait_for(10)
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.images import CAT_LABELS, photo_bytes
+from tests.images import CAT_LABELS, load_photo, photo_bytes
 from tests.server.candidate_archives import reversed_labels_copy
 from tests.server.load import ContinuousLoad
 from tests.server.servers import started_server
@@ -112,7 +112,7 @@ def test_a_candidate_that_names_classes_differently_shows_as_flips(shadow_server
     assert models(shadow_server, model_store, "shadow", MODEL, candidates["renamed"],
                   "--percent", "100") == 0
     with ContinuousLoad(f"{shadow_server.inference_url}/predictions/{MODEL}",
-                        photo_bytes("chelsea.png"), clients=4) as load:
+                        load_photo(), clients=4) as load:
         load.wait_for(40)
     assert load.failures() == []
     assert all(o.body[0]["label"] in CAT_LABELS for o in load.outcomes)   # production's names

@@ -164,6 +164,14 @@ class TorchServeClient:
                 raise ManagementError(0, f"no answer: {error}", f"{method} {url}") from None
         raise AssertionError("unreachable")
 
+    def _answer(self, method: str, url: str, kind: str, **kwargs: Any) -> requests.Response:
+        """The server's answer, sent again with a fresh key when the key was refused."""
+        answer = self._send(method, url, kind, **kwargs)
+        if answer.status_code >= 300 and self.key_file is not None and "InvalidKey" in answer.text:
+            self.refresh_key(kind)
+            answer = self._send(method, url, kind, **kwargs)
+        return answer
+
     def call(self, method: str, path: str, params: dict[str, Any] | None = None,
              kind: str = "management", **kwargs: Any) -> Any:
         """One API call; returns the parsed JSON answer (or text), raises ManagementError."""
@@ -173,10 +181,7 @@ class TorchServeClient:
         if self.dry_run and method in MUTATING_METHODS and kind == "management":
             print(f"[dry-run] {method} {url}")
             return {"status": "dry run"}
-        answer = self._send(method, url, kind, **kwargs)
-        if answer.status_code >= 300 and self.key_file is not None and "InvalidKey" in answer.text:
-            self.refresh_key(kind)
-            answer = self._send(method, url, kind, **kwargs)
+        answer = self._answer(method, url, kind, **kwargs)
         if answer.status_code >= 300:
             raise ManagementError(answer.status_code, server_message(answer), f"{method} {path}{query}")
         try:
@@ -224,6 +229,14 @@ class TorchServeClient:
         if startup_timeout_s is not None:
             params["startup_timeout"] = startup_timeout_s
         return self.call("POST", "/models", params)
+
+    def takes_registrations(self) -> bool:
+        """Whether the server registers models. TorchServe answers a POST /models without a url
+        405 when its model API is off (`enable_model_api=false`, as in the production config) and
+        400 ("Parameter url is required.") when it is on: nothing is registered either way, so
+        this asks also in a dry run."""
+        answer = self._answer("POST", f"{self.management_url}/models", "management")
+        return answer.status_code != 405
 
     def scale(self, model: str, version: str, min_workers: int, max_workers: int) -> Any:
         """Set worker counts without waiting for them (poll `describe` for READY ones)."""

@@ -415,6 +415,7 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
     TorchServe stops surplus workers even in the middle of a batch (those requests get 500
     "Worker died"), so the default version is scaled down by rolling out a copy of its archive
     (version `<v>-w<N>`) with fewer workers: the old workers finish their queue before they go.
+    A server whose model API is off cannot register that copy: refused before any change.
     Anything else is a plain scale call, then a wait for READY workers; if they do not come
     before the deadline, the old counts are restored. A half-done scaling by copy is finished
     by the same command; a half-done change of another kind is refused (see `abort`)."""
@@ -432,6 +433,12 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
     default = default_version(client, model)
     if low < len(current["workers"]) and default and default["modelVersion"] == version:
         copy_version = f"{version.split('-w')[0]}-w{low}"
+        if not client.takes_registrations():
+            raise RolloutError(
+                f"scaling {model} {version} down to {low} workers without a failed request registers "
+                f"a copy of its archive with fewer workers ({copy_version}), and this server's model "
+                f"API is off (enable_model_api=false, as in the production config): nothing was "
+                f"changed. Start the server with {low} workers instead (TSV_WORKERS)")
         if client.dry_run:
             log(f"[dry-run] would roll out {model} {copy_version}, a copy of {current['modelUrl']} "
                 f"with {settings_text(after)}, then unregister {version}")

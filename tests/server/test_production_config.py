@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,3 +106,31 @@ def test_a_candidate_loaded_at_start_is_shadowed_with_the_model_api_off(producti
 
     wait_until(lambda: compared() >= 5, 30, "five copies compared")
     assert command([*shadow, "--off", *connection]) == 0
+
+
+def test_scaling_the_default_down_is_refused_before_any_change(production_server, model_store,
+                                                                capsys):
+    """Scaling the default version down without a failed request registers a copy of its archive
+    with fewer workers, which the model API being off forbids: the command says so and changes
+    nothing (no copy registered, the workers as they were, nothing recorded)."""
+    history = production_server.run_dir / "scaling-history.json"
+    connection = ["--management-url", production_server.management_url, "--inference-url",
+                  production_server.inference_url, "--key-file", str(production_server.key_file),
+                  "--model-store", str(model_store), "--history", str(history)]
+    assert command(["models", "scale", "efficientnet_lite0", "--min", "2", "--max", "2",
+                    *connection]) == 0
+    capsys.readouterr()
+    assert command(["models", "scale", "efficientnet_lite0", "--workers", "1", *connection]) == 1
+    said = capsys.readouterr()
+    assert "model API is off" in said.err and "nothing was changed" in said.err, said.err
+    assert "registering" not in said.out, said.out
+    headers = production_server.management_headers()
+    described = requests.get(f"{production_server.management_url}/models/efficientnet_lite0/all",
+                             headers=headers, timeout=30).json()
+    assert {d["modelVersion"] for d in described} == {"1.0", CANDIDATE}
+    assert [len(d["workers"]) for d in described if d["modelVersion"] == "1.0"] == [2]
+    assert [entry["kind"] for entry in json.loads(history.read_text())] == ["scale"]
+    scaled = requests.put(f"{production_server.management_url}/models/efficientnet_lite0/1.0",
+                          params={"min_worker": "1", "max_worker": "1", "synchronous": "true"},
+                          headers=headers, timeout=60)
+    assert scaled.status_code == 200

@@ -435,10 +435,11 @@ def scale(client: TorchServeClient, model: str, version: str | None, low: int, h
         copy_version = f"{version.split('-w')[0]}-w{low}"
         if not client.takes_registrations():
             raise RolloutError(
-                f"scaling {model} {version} down to {low} workers without a failed request registers "
-                f"a copy of its archive with fewer workers ({copy_version}), and this server's model "
-                f"API is off (enable_model_api=false, as in the production config): nothing was "
-                f"changed. Start the server with {low} workers instead (TSV_WORKERS)")
+                f"scaling {model} {version} down from {len(current['workers'])} workers to {low} "
+                f"without a failed request registers a copy of its archive with fewer workers "
+                f"({copy_version}), and this server's model API is off (enable_model_api=false, as "
+                f"in the production config): nothing was changed. Start the server with that many "
+                f"workers instead (TSV_WORKERS={low})")
         if client.dry_run:
             log(f"[dry-run] would roll out {model} {copy_version}, a copy of {current['modelUrl']} "
                 f"with {settings_text(after)}, then unregister {version}")

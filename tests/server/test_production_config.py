@@ -35,6 +35,13 @@ def production_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServ
                               load_models=f"efficientnet_lite0-1.0.mar,{candidate}")
 
 
+
+def connection_to(server: TorchServeInstance, store: Path, history: Path) -> list[str]:
+    """The `models` command's options for this server, with its key file."""
+    return ["--management-url", server.management_url, "--inference-url", server.inference_url,
+            "--key-file", str(server.key_file), "--model-store", str(store),
+            "--history", str(history)]
+
 def test_the_production_config_says_what_it_should():
     properties = read_properties(paths.PRODUCTION_CONFIG)
     assert properties["disable_token_authorization"] == "false"
@@ -87,10 +94,8 @@ def test_a_candidate_loaded_at_start_is_shadowed_with_the_model_api_off(producti
                                                                        model_store):
     """`models shadow` registers nothing when the candidate is there already: with token
     authorization on, the workers send their copies with the current inference key."""
-    connection = ["--management-url", production_server.management_url, "--inference-url",
-                  production_server.inference_url, "--key-file", str(production_server.key_file),
-                  "--model-store", str(model_store),
-                  "--history", str(production_server.run_dir / "history.json")]
+    connection = connection_to(production_server, model_store,
+                               production_server.run_dir / "history.json")
     shadow = ["models", "shadow", "efficientnet_lite0"]
     assert command([*shadow, f"efficientnet_lite0-{CANDIDATE}.mar", "--percent", "100",
                     *connection]) == 0
@@ -114,9 +119,7 @@ def test_scaling_the_default_down_is_refused_before_any_change(production_server
     with fewer workers, which the model API being off forbids: the command says so and changes
     nothing (no copy registered, the workers as they were, nothing recorded)."""
     history = production_server.run_dir / "scaling-history.json"
-    connection = ["--management-url", production_server.management_url, "--inference-url",
-                  production_server.inference_url, "--key-file", str(production_server.key_file),
-                  "--model-store", str(model_store), "--history", str(history)]
+    connection = connection_to(production_server, model_store, history)
     assert command(["models", "scale", "efficientnet_lite0", "--min", "2", "--max", "2",
                     *connection]) == 0
     capsys.readouterr()

@@ -41,12 +41,11 @@ AN_HOUR_MS = 3_600_000
 # a deadline of 10); a batch slower than it is made by measurement (request_slower_than).
 MODEL_DEADLINE_MS = 50
 # Slow PNGs sent at once to keep one worker busy while more than a batch queues behind it (see
-# slow_png): 16 for the deadline test (a batch and a full one queued), 32 for the priority test
-# (16 queued while up to two batches of 8 were taken).
-# Three and four batches of 8: however the first batch is cut (the worker takes what has arrived,
-# as little as one request), 8 and 16 stay queued through the whole of the second batch, which is
-# what the two tests wait for. With 16, a first batch of one left 15 queued for its 160 ms only,
-# and a loaded machine's uploads arrived over that time: 8 were never seen queued at once.
+# slow_png): three batches of 8 for the deadline test, which waits for 8 queued, four for the
+# priority test, which waits for 16. However the first batch is cut (the worker takes what has
+# arrived, as little as one request), that many stay queued through the whole second batch. With
+# 16 for the deadline test, a first batch of one left 15 queued for its 160 ms only, and a loaded
+# machine's uploads arrived over that time: 8 were never seen queued at once.
 SLOW_BUSY, SLOW_BUSY_FOR_PRIORITY = 24, 32
 WIDE_QUEUE = 100
 EXPIRED = "ts_requests_expired_total"

@@ -35,12 +35,12 @@ def production_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServ
                               load_models=f"efficientnet_lite0-1.0.mar,{candidate}")
 
 
-
 def connection_to(server: TorchServeInstance, store: Path, history: Path) -> list[str]:
     """The `models` command's options for this server, with its key file."""
     return ["--management-url", server.management_url, "--inference-url", server.inference_url,
             "--key-file", str(server.key_file), "--model-store", str(store),
             "--history", str(history)]
+
 
 def test_the_production_config_says_what_it_should():
     properties = read_properties(paths.PRODUCTION_CONFIG)

@@ -11,8 +11,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 # malloc asks for transparent huge pages for its large chunks (glibc 2.35 and later; nothing where
 # the kernel's THP mode is `always` or `never`): the store build's torch exports and compiles took
-# 8-12 % less time with it (docs/testing.md, "Huge pages for malloc").
-export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1"
+# 8-12 % less time with it (docs/testing.md, "Huge pages for malloc"). A value already given wins
+# (GLIBC_TUNABLES=glibc.malloc.hugetlb=0 compares a run without it).
+case "${GLIBC_TUNABLES:-}" in
+  *glibc.malloc.hugetlb=*) ;;
+  *) export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1" ;;
+esac
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/torchserve-vision build --check-config

@@ -10,9 +10,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 # malloc asks for transparent huge pages for its large chunks (glibc 2.35 and later; nothing where
-# the kernel's THP mode is `always` or `never`): the store build's torch exports and compiles took
-# 8-12 % less time with it (docs/testing.md, "Huge pages for malloc"). A value already given wins
-# (GLIBC_TUNABLES=glibc.malloc.hugetlb=0 compares a run without it).
+# the kernel's THP mode is `always` or `never`): the test model store's build took 11-12 % less
+# time and 7-11 % fewer core-seconds with it (docs/testing.md, "Huge pages for malloc"). A value
+# already given wins (GLIBC_TUNABLES=glibc.malloc.hugetlb=0 compares a run without it).
 case "${GLIBC_TUNABLES:-}" in
   *glibc.malloc.hugetlb=*) ;;
   *) export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1" ;;

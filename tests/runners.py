@@ -1,14 +1,15 @@
 """What the archive's runner order says a CPU worker here serves first, for the tests that
-check it does (handlers/model/runner_selection.py)."""
+check it does (handlers/model/runner_selection.py), and how they watch its checks."""
 
 from __future__ import annotations
 
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import yaml
 
@@ -69,3 +70,18 @@ def spins_on_after_a_run(runner: object) -> bool:
     except RuntimeError:    # never set: the default
         return True
     return entry != "1"
+
+
+def noting_calls(module: Any, names: tuple[str, ...], calls: list[str],
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`module`'s functions `names` replaced, for the test, by ones that note their name in
+    `calls`, then call them."""
+    for name in names:
+        monkeypatch.setattr(module, name, noted(name, getattr(module, name), calls))
+
+
+def noted(name: str, function: Callable[..., Any], calls: list[str]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return function(*args, **kwargs)
+    return call

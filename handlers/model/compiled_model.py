@@ -288,13 +288,20 @@ def load_probe_photos(model_dir: Path) -> torch.Tensor:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def check_answers(compiled: Runner, reference: Runner, probe: torch.Tensor, *precisions: str) -> None:
-    """CompiledModelRefused("wrong_output") unless the compiled model's answer to every probe photo
-    agrees with the fp32 eager model's within what `precisions` allow (the loosest)
-    (handlers.model.answer_agreement: the criterion the tests use too). A package that fails to run
-    on the probe is refused as well."""
+def reference_answers(reference: Runner, probe: torch.Tensor) -> torch.Tensor:
+    """The fp32 eager model's probabilities for the probe photos (`probe`, its input): what
+    check_answers compares a package's with. A worker computes them once, however many loads and
+    candidates it checks."""
     with torch.inference_mode():
-        expected = reference(probe).float().softmax(dim=1)
+        return reference(probe).float().softmax(dim=1)
+
+
+def check_answers(compiled: Runner, expected: torch.Tensor, probe: torch.Tensor, *precisions: str) -> None:
+    """CompiledModelRefused("wrong_output") unless the compiled model's answer to every probe photo
+    agrees with the fp32 eager model's (`expected`: reference_answers) within what `precisions`
+    allow (the loosest) (handlers.model.answer_agreement: the criterion the tests use too). A
+    package that fails to run on the probe is refused as well."""
+    with torch.inference_mode():
         try:
             got = compiled(probe).float()
         except Exception as error:  # noqa: BLE001 - a package that cannot run the probe is refused

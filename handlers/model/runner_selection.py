@@ -35,6 +35,7 @@ from handlers.model.compiled_model import (
     load_aoti_package,
     load_probe_photos,
     package_for,
+    reference_answers,
 )
 from handlers.model.engine_runners import OnnxRuntimeRunner, OpenVinoRunner, openvino_cache_dir
 from handlers.model.host_batches import SoloThreadsRunner, host_batches, loads_of
@@ -46,8 +47,8 @@ from handlers.model.runner_order import (
     parse_runner_order,
     weights_for,
 )
-from handlers.model.ssd_engine import BackboneHeadRunner, check_head_outputs
-from handlers.model.ultralytics_engine import check_outputs
+from handlers.model.ssd_engine import BackboneHeadRunner, check_head_outputs, probe_head_reference
+from handlers.model.ultralytics_engine import check_outputs, probe_outputs
 
 logger = logging.getLogger(__name__)
 EAGER = "eager"
@@ -239,13 +240,15 @@ def choose_runner(runners: ArchiveRunners, model_dir: Path, machine: MachineTarg
         probe = eager.model_input(load_probe_photos(model_dir))
     except CompiledModelRefused as refusal:
         return eager.serve, RunnerChoice(EAGER, machine.precision, None, kind, (Refusal("all", refusal),))
+    # the eager network runs the probe once, when the first load is checked
+    expected = functools.cache(lambda: reference_answers(eager.fp32, probe))
 
     def load_checked(candidate: Candidate) -> Runner:
         runner = call_with_deadline(
             functools.partial(load_candidate, candidate, model_dir, machine, threads, solo_threads),
             timeout_s)
         for each in loads_of(runner):
-            check_answers(each, eager.fp32, probe, *checked_precisions(candidate.name.precision,
+            check_answers(each, expected(), probe, *checked_precisions(candidate.name.precision,
                                                                        machine.precision))
         return runner
 
@@ -274,16 +277,21 @@ def choose_detector_runner(runners: ArchiveRunners, model_dir: Path, machine: Ma
         probe = load_probe_photos(model_dir)
     except CompiledModelRefused as refusal:
         return None, RunnerChoice(EAGER, machine.precision, None, kind, (Refusal("all", refusal),))
+    # the eager network runs the probe once, when the first load is checked
+    reference = functools.cache(lambda: probe_head_reference(network, probe))
 
     def load_checked(candidate: Candidate) -> tuple[BackboneHeadRunner, bool]:
         engine = call_with_deadline(
             functools.partial(load_candidate, candidate, model_dir, machine, threads, solo_threads),
             timeout_s)
         precisions = checked_precisions(candidate.name.precision, machine.precision)
+
+        def disagreement(outputs: BackboneHeadRunner) -> str | None:
+            return check_head_outputs(outputs, network, reference(), *precisions)
+
         for each in loads_of(engine):
-            refuse_unless_alike(
-                functools.partial(check_head_outputs, each.outputs, network, probe,  # type: ignore[attr-defined]
-                                  *precisions), "head outputs differ from the fp32 eager network's")
+            refuse_unless_alike(functools.partial(disagreement, each.outputs),  # type: ignore[attr-defined]
+                                "head outputs differ from the fp32 eager network's")
         outputs: BackboneHeadRunner = engine.outputs  # type: ignore[attr-defined]
         return outputs, isinstance(engine, SoloThreadsRunner)
 
@@ -324,11 +332,13 @@ def choose_ultralytics_runner(runners: ArchiveRunners, model_dir: Path, machine:
         probe = load_probe_photos(model_dir)
     except CompiledModelRefused as refusal:
         return None, RunnerChoice(EAGER, machine.precision, None, kind, (Refusal("all", refusal),))
+    # the export runs the probe once, when the first candidate is checked
+    reference = functools.cache(lambda: probe_outputs(export, probe))
 
     def load_checked(candidate: Candidate) -> Runner:
         engine = call_with_deadline(
             functools.partial(load_candidate, candidate, model_dir, machine, threads), timeout_s)
-        refuse_unless_alike(lambda: check_outputs(engine, export, probe), "outputs differ from the export's")
+        refuse_unless_alike(lambda: check_outputs(engine, reference()), "outputs differ from the export's")
         return engine
 
     engine, chosen, refusals = first_that_serves(candidates(runners, machine, kind), runners, machine,

@@ -12,6 +12,7 @@ region stage between backbone and head; they serve eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -179,16 +180,32 @@ def head_output_disagreement(got: Sequence[torch.Tensor], expected: HeadOutputs,
     return None
 
 
-def check_head_outputs(engine: BackboneHeadRunner, network: Any, probe: torch.Tensor,
-                       *precisions: str) -> str | None:
-    """Why `engine`'s answers to the `uint8[N, 3, S, S]` probe photos are not the eager fp32
-    network's (head_output_disagreement, at the loosest bound of `precisions`), or None. An
-    engine that fails to run them raises."""
+@dataclass(frozen=True)
+class ProbeHeadReference:
+    """The eager fp32 network on the archive's probe photos: `batch`, the photos as its head's
+    input (after its transform), `expected`, its head outputs for them, and `anchors_xyxy`, one
+    image's anchors. A worker computes it once, however many engine loads it checks."""
+
+    batch: torch.Tensor
+    expected: HeadOutputs
+    anchors_xyxy: torch.Tensor
+
+
+def probe_head_reference(network: Any, probe: torch.Tensor) -> ProbeHeadReference:
+    """`network`'s ProbeHeadReference for the `uint8[N, 3, S, S]` probe photos."""
     with torch.inference_mode():
         batch = transformed_batch(network, [photo.float() / 255 for photo in probe]).tensors
-        expected = SsdBackboneHead(network)(batch)
-        got = engine(batch)
-    return head_output_disagreement(got, expected, image_anchors_xyxy(network), network.box_coder,
+        return ProbeHeadReference(batch, SsdBackboneHead(network)(batch), image_anchors_xyxy(network))
+
+
+def check_head_outputs(engine: BackboneHeadRunner, network: Any, reference: ProbeHeadReference,
+                       *precisions: str) -> str | None:
+    """Why `engine`'s answers to the probe photos are not the eager fp32 network's (`reference`:
+    head_output_disagreement, at the loosest bound of `precisions`), or None. An engine that fails
+    to run them raises."""
+    with torch.inference_mode():
+        got = engine(reference.batch)
+    return head_output_disagreement(got, reference.expected, reference.anchors_xyxy, network.box_coder,
                                     probability_bound(*precisions),
                                     getattr(network, "score_activation", "softmax"),
                                     float(network.score_thresh))

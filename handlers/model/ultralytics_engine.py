@@ -38,12 +38,20 @@ def output_disagreement(got: torch.Tensor, expected: torch.Tensor) -> str | None
     return None
 
 
-def check_outputs(engine: Network, export: Callable[[torch.Tensor], Any], probe: torch.Tensor) -> str | None:
-    """`output_disagreement` of the two on the `uint8[N, 3, H, W]` letterboxed probe photos
-    (divided by 255, as the served input is; an export may answer a tuple, its predictions
-    first). An engine that fails to run them raises."""
+def probe_outputs(export: Callable[[torch.Tensor], Any],
+                  probe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the input, the export's outputs) for the `uint8[N, 3, H, W]` letterboxed probe photos:
+    divided by 255, as the served input is (an export may answer a tuple, its predictions first).
+    A worker computes them once, however many candidates it checks."""
     batch = probe.float().div(255)
     with torch.inference_mode():
         expected = export(batch)
-        expected = expected[0] if isinstance(expected, (tuple, list)) else expected
+    return batch, expected[0] if isinstance(expected, (tuple, list)) else expected
+
+
+def check_outputs(engine: Network, reference: tuple[torch.Tensor, torch.Tensor]) -> str | None:
+    """`output_disagreement` of the engine's outputs with the export's on the probe photos
+    (`reference`: probe_outputs). An engine that fails to run them raises."""
+    batch, expected = reference
+    with torch.inference_mode():
         return output_disagreement(engine(batch), expected)

@@ -28,6 +28,7 @@ from handlers.model.compiled_model import (
     cpu_features,
     missing_cpu_features,
     package_for,
+    reference_answers,
     target_mismatch,
 )
 from tests.answers import assert_same_answer
@@ -157,11 +158,12 @@ def test_a_slow_or_failing_load_is_refused_within_its_deadline():
 
 def test_a_package_whose_answers_differ_from_the_eager_model_is_refused():
     probe = torch.randn(3, 10) * 4
-    check_answers(lambda x: x * 2 + 1e-6, lambda x: x * 2, probe, "fp32")
-    check_answers(lambda x: x * 2.02, lambda x: x * 2, probe, "bf16")  # within bf16's rounding
+    expected = reference_answers(lambda x: x * 2, probe)
+    check_answers(lambda x: x * 2 + 1e-6, expected, probe, "fp32")
+    check_answers(lambda x: x * 2.02, expected, probe, "bf16")  # within bf16's rounding
     for wrong in (lambda x: x * 2.5, lambda x: x.flip(1) * 2, lambda x: x * float("nan")):
         with pytest.raises(CompiledModelRefused, match="answered differently") as refused:
-            check_answers(wrong, lambda x: x * 2, probe, "fp32")
+            check_answers(wrong, expected, probe, "fp32")
         assert refused.value.kind == "wrong_output"
 
 
@@ -169,11 +171,12 @@ def test_a_package_that_cannot_run_the_probe_is_refused():
     def fails(batch: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("input shape mismatch")
 
+    probe = torch.randn(2, 10)
     with pytest.raises(CompiledModelRefused, match="input shape mismatch") as refused:
-        check_answers(fails, lambda x: x, torch.randn(2, 10), "fp32")
+        check_answers(fails, reference_answers(lambda x: x, probe), probe, "fp32")
     assert refused.value.kind == "wrong_output"
     with pytest.raises(CompiledModelRefused, match="output shape"):
-        check_answers(lambda x: x[:, :5], lambda x: x, torch.randn(2, 10), "fp32")
+        check_answers(lambda x: x[:, :5], reference_answers(lambda x: x, probe), probe, "fp32")
 
 
 # --- a worker whose package is refused serves eagerly, and correctly --------------------------------

@@ -18,6 +18,7 @@ import torch
 import yaml
 from torchvision.models.detection._utils import BoxCoder
 
+from handlers.model import runner_selection
 from handlers.model.answer_agreement import PROBABILITY_BOUNDS
 from handlers.model.model_loading import cpu_has_native_bf16
 from handlers.model.ssd_engine import SsdBackboneHead, head_output_disagreement
@@ -26,7 +27,7 @@ from tests.archives import archive_context, extract_archive, initialized
 from tests.detections import assert_detections_within, assert_same_detections, rows_from_answer
 from tests.images import photo_bytes
 from tests.recording_metrics import RecordingMetrics
-from tests.runners import first_runner_here
+from tests.runners import first_runner_here, noting_calls
 from torchserve_vision.archives.engine_exports import convert_openvino
 
 PHOTOS = ["astronaut.png", "rocket.jpg", "chelsea.png", "coffee.png", "motorcycle_left.png"]
@@ -210,6 +211,20 @@ def test_an_engine_that_fails_to_load_is_refused_and_the_next_one_serves(detecto
     expected, thresholds = eager
     for got, want in zip(detect_at(handler, PHOTOS, thresholds), expected, strict=True):
         assert_same_detections(got, rows_from_answer(want), BOX_TOLERANCE_PX, SCORE_TOLERANCE)
+
+
+def test_both_loads_of_an_engine_are_checked_against_the_eager_outputs_computed_once(
+        detector_dir, tmp_path, monkeypatch):
+    """With solo_threads, an engine is loaded twice (handlers.model.host_batches) and each load is
+    checked; the eager network runs the probe photos once for both."""
+    model_dir = with_handler_settings(detector_dir, tmp_path / "m", torch_threads=1, solo_threads=2,
+                                      runner_order={"avx512_bf16": ["onnxruntime-fp32"],
+                                                    "avx2": ["onnxruntime-fp32"]})
+    calls: list[str] = []
+    noting_calls(runner_selection, ("probe_head_reference", "check_head_outputs"), calls, monkeypatch)
+    handler = initialized(ObjectDetectorHandler(), model_dir, 4)
+    assert (handler.runner, handler.runners["detector"].solo_threads) == ("onnxruntime-fp32", 2)
+    assert calls == ["probe_head_reference", "check_head_outputs", "check_head_outputs"]
 
 
 def test_an_engine_of_another_model_is_refused_for_its_answers_and_the_eager_network_serves(

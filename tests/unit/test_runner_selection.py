@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from handlers.image_classifier import ImageClassifierHandler
-from handlers.model import model_loading
+from handlers.model import model_loading, runner_selection
 from handlers.model.compiled_model import CompiledPackage, CompileTarget, MachineTarget, Runner
 from handlers.model.engine_runners import OpenVinoRunner
 from handlers.model.host_batches import LOCK_DIR_VARIABLE, LOCK_FILE_NAME, SoloThreadsRunner, host_batches
@@ -30,7 +30,7 @@ from handlers.model.runner_selection import (
 from tests.answers import assert_same_answer
 from tests.archives import load_classifier_dir, photo_answers
 from tests.recording_metrics import RecordingMetrics
-from tests.runners import engine_threads, spins_on_after_a_run, threads_given
+from tests.runners import engine_threads, noting_calls, spins_on_after_a_run, threads_given
 from tests.unit.test_host_batches import other_worker_in_a_batch
 
 TARGET = CompileTarget("2.14.1", "cpu", "AVX2", "fp32", 8, (3, 224, 224), True)
@@ -212,15 +212,19 @@ def own_batch_lock(tmp_path, monkeypatch) -> Iterator[Path]:
 
 @pytest.mark.parametrize("runner", ["openvino-fp32", "onnxruntime-fp32"])
 def test_an_engine_is_loaded_again_at_solo_threads_for_batches_alone_on_the_host(
-        classifier, eager_answers, tmp_path, own_batch_lock, runner):
+        classifier, eager_answers, tmp_path, own_batch_lock, monkeypatch, runner):
     model_dir = model_dir_with_order(classifier, tmp_path / "m", [runner])
     config_path = model_dir / "model-config.yaml"
     config = yaml.safe_load(config_path.read_text())
     config["handler"].update(torch_threads=1, solo_threads=2)
     config_path.write_text(yaml.safe_dump(config))
+    calls: list[str] = []
+    noting_calls(runner_selection, ("reference_answers", "check_answers"), calls, monkeypatch)
     handler = load_classifier_dir(model_dir)
     run = handler.classifier.run
     assert handler.runner == runner and isinstance(run, SoloThreadsRunner)
+    # both loads are checked against the eager network's answers, computed once
+    assert calls == ["reference_answers", "check_answers", "check_answers"]
     assert [engine_threads(load) for load in (run.shared, run.solo)] == [
         threads_given(1, run.shared), threads_given(2, run.solo)]
     if runner.startswith("onnxruntime"):   # no load's threads hold the cores once a run ends

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from handlers.model.ultralytics_engine import BOX_BOUND_PX, SCORE_BOUND, check_outputs, output_disagreement
+from handlers.model.ultralytics_engine import (
+    BOX_BOUND_PX,
+    SCORE_BOUND,
+    check_outputs,
+    output_disagreement,
+    probe_outputs,
+)
 
 
 def outputs(seed: int = 0) -> torch.Tensor:
@@ -43,5 +49,5 @@ def test_the_check_runs_both_on_the_probe_divided_by_255():
     def engine(batch: torch.Tensor) -> torch.Tensor:
         return torch.stack([batch.mean(dim=(1, 2, 3))] * 84, dim=1)[..., None]
 
-    assert check_outputs(engine, export, probe) is None
+    assert check_outputs(engine, probe_outputs(export, probe)) is None
     assert torch.equal(seen[0], probe.float() / 255)

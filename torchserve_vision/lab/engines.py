@@ -33,6 +33,7 @@ from handlers.model.compiled_model import (
     MachineTarget,
     check_answers,
     load_probe_photos,
+    reference_answers,
 )
 from handlers.model.model_loading import cpu_has_native_bf16
 from handlers.model.runner_order import ENGINE_PRECISIONS, RunnerName, order_for
@@ -142,12 +143,13 @@ def measure_engines(archive: Path, threads: int | None, batch_sizes: Sequence[in
         forwards: dict[str, Forward] = {"eager-fp32": classifier.network}
         passes: dict[str, bool] = {}
         runners = settings.archive_runners
+        expected = reference_answers(classifier.network, worker_layout("eager-fp32", probe, settings))
         for candidate in candidates(every_runner(runners), machine, "avx2"):
             name = str(candidate.name)
             try:
                 forwards[name] = load_candidate(resolved(candidate, runners, machine), model_dir,
                                                 machine, threads)
-                check_answers(forwards[name], classifier.network, worker_layout(name, probe, settings),
+                check_answers(forwards[name], expected, worker_layout(name, probe, settings),
                               *checked_precisions(candidate.name.precision, machine.precision))
                 passes[name] = True
             except CompiledModelRefused:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.images import load_photo
 from torchserve_vision import paths
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.rolling_update import REMOVAL_BOUND_S, rehearse
@@ -52,7 +53,7 @@ def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop
     rolled = archive_with_version(store, CLASSIFIER, NEW_VERSION)
     report = rehearse(paths.DEVELOPMENT_CONFIG, store, pod_count=2, rate_rps=30,
                       drain_delay_s=2 * REMOVAL_BOUND_S, settle_s=1.0, load_models=CLASSIFIER,
-                      stock_stop_after=True, rolled_load_models=rolled)
+                      stock_stop_after=True, rolled_load_models=rolled, payload=load_photo())
     assert [(step.graceful, step.exit_code) for step in report.steps] == [
         (True, 0), (True, 0), (False, 1)]   # the entrypoint saw TorchServe die
     assert report.sent > 30 * 20                     # load ran through all three restarts

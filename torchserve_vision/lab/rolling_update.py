@@ -218,7 +218,7 @@ def servers_up(stats_port: int) -> int:
 def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: float = 20.0,
              drain_delay_s: float = 2.0, settle_s: float = 3.0, load_models: str | None = None,
              graceful: bool = True, roll_count: int | None = None, stock_stop_after: bool = False,
-             rolled_load_models: str | None = None,
+             rolled_load_models: str | None = None, payload: bytes | None = None,
              on_step: Callable[[str], None] = lambda line: None) -> RehearsalReport:
     """Start `pod_count` pods and HAProxy, offer `rate_rps` through it, roll every pod once
     (the first `roll_count` pods, when given). With `rolled_load_models` (archives in
@@ -226,7 +226,8 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
     `graceful=False` stops each pod the way TorchServe's stock image ends up doing it
     (`torchserve --stop` at once: in-flight requests are dropped), for comparison;
     `stock_stop_after` adds that comparison as a last step (the first pod, stopped the stock way,
-    in the same run and load), with failures counted per step."""
+    in the same run and load), with failures counted per step. Each request sends `payload`
+    (chelsea.png when not given)."""
     with tempfile.TemporaryDirectory(prefix="rolling-") as tmp:
         root = Path(tmp)
         overrides = {"load_models": load_models} if load_models else {}
@@ -255,7 +256,7 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
                 pod.name: rolled_config(pod.config, root / f"{pod.name}-rolled", model_store,
                                         rolled_load_models) for pod in pods}
             return roll(pods, plan, port, stats_port, rate_rps, settle_s, on_step, rolled,
-                        balancer_log)
+                        balancer_log, payload)
         finally:
             if balancer is not None:
                 balancer.terminate()
@@ -267,12 +268,13 @@ def rehearse(config: Path, model_store: Path, pod_count: int = 2, rate_rps: floa
 def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: int, rate_rps: float,
          settle_s: float, on_step: Callable[[str], None],
          rolled_configs: dict[str, Path] | None = None,
-         balancer_log: BalancerLog | None = None) -> RehearsalReport:
+         balancer_log: BalancerLog | None = None, payload: bytes | None = None) -> RehearsalReport:
     """Stop and restart the pods of `plan` in turn (True: gracefully) under open-loop load; a
     restarted pod runs its config of `rolled_configs` when given (the new version's archives);
-    the balancer's changes of its rotation from `balancer_log`, when given."""
+    the balancer's changes of its rotation from `balancer_log`, when given; each request sends
+    `payload` (chelsea.png when not given)."""
     target = LoadTarget(f"http://127.0.0.1:{port}/predictions/efficientnet_lite0",
-                        [photo_path().read_bytes()], timeout_s=60)
+                        [payload or photo_path().read_bytes()], timeout_s=60)
     results: list[Result] = []
     load_done = threading.Event()
     started = time.perf_counter()

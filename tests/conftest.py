@@ -48,16 +48,21 @@ def pytest_configure(config: pytest.Config) -> None:
     runs as many workers as a 2-core machine has cores: one thread each). Each worker's torch
     otherwise takes every core, and two workers spinning two OpenMP threads each on two cores
     waste what they spin (the detector equivalences took 6.5 s alone and up to 38 s beside the
-    store build). A test that wants more threads sets them; servers' workers set their own."""
+    store build). A test that wants more threads sets them; servers' workers set their own.
+    Each pytest-xdist worker, and what it starts, draws the ports of its servers from a share of
+    the range of its own (torchserve_config.PORT_SHARE_VARIABLE), so that two workers never pick
+    the same port for servers starting side by side."""
     gc.disable()
     from tests.cpu_by_unit import UNIT_OF  # imported once pytest_plugins registered it
+    from torchserve_vision.torchserve_config import PORT_SHARE_VARIABLE
 
     config.stash[UNIT_OF] = schedule_unit
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if os.environ.get("PYTEST_XDIST_WORKER") and workers:
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and workers:
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+        os.environ[PORT_SHARE_VARIABLE] = f"{worker.removeprefix('gw')}/{workers}"
 
 
 @pytest.hookimpl(wrapper=True)

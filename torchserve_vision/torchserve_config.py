@@ -4,8 +4,10 @@ including the `load_models=` / `models=` entries generated from the model descri
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,12 @@ def render_properties(properties: Mapping[str, str]) -> str:
 # Where the kernel takes the local ports of outgoing connections (Linux's default is 32768-60999).
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_CHOSEN_PORT = 15000       # well above the usual fixed services' ports (8080, 9090, 6379, ...)
+# "INDEX/COUNT": this process draws its ports from the INDEX-th of COUNT equal parts of the range,
+# so that processes started side by side (the test run's, which set it) never draw the same one.
+PORT_SHARE_VARIABLE = "TSV_FREE_PORT_SHARE"
+# The ports this process handed out lately: each is bound only when its server starts, seconds
+# later, and until then a later call could draw it again.
+HANDED_OUT: deque[int] = deque(maxlen=2000)
 
 
 def ephemeral_range_start(range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
@@ -64,25 +72,46 @@ def ephemeral_range_start(range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
         return 32768
 
 
-def free_ports(count: int, below: int | None = None) -> list[int]:
-    """`count` distinct TCP ports free on 127.0.0.1 right now, chosen at random from
-    LOWEST_CHOSEN_PORT up to `below` (default: the start of the ephemeral range). A port of the
+def chosen_range(share: str | None = None, range_file: Path = EPHEMERAL_RANGE_FILE) -> range:
+    """The ports free_ports draws from: LOWEST_CHOSEN_PORT up to the start of the kernel's
+    ephemeral range, or this process's share of them (`share`, else PORT_SHARE_VARIABLE's
+    value: "INDEX/COUNT"). ConfigError for a share that is not one."""
+    ports = range(LOWEST_CHOSEN_PORT, ephemeral_range_start(range_file))
+    share = os.environ.get(PORT_SHARE_VARIABLE) if share is None else share
+    if not share:
+        return ports
+    try:
+        index, count = (int(part) for part in share.split("/"))
+    except ValueError:
+        raise ConfigError(f"{PORT_SHARE_VARIABLE}={share!r} is not INDEX/COUNT") from None
+    if not 0 <= index < count:
+        raise ConfigError(f"{PORT_SHARE_VARIABLE}={share!r}: INDEX must be from 0 to COUNT - 1")
+    size = len(ports) // count
+    return ports[index * size:(index + 1) * size]
+
+
+def free_ports(count: int, ports: range | None = None) -> list[int]:
+    """`count` distinct TCP ports free on 127.0.0.1 right now, none handed out by this process
+    lately (HANDED_OUT), chosen at random from `ports` (default: chosen_range()). A port of the
     ephemeral range, as binding port 0 gives, can become the local end of any outgoing connection
     in the seconds before the server binds it: a test pod's TorchServe once failed to start with
-    its management port 'already in use' that way. Where the range leaves fewer than 1,000 ports
-    below it, the kernel's choice (port 0) is taken instead."""
-    below = ephemeral_range_start() if below is None else below
-    if below - LOWEST_CHOSEN_PORT < 1000:
+    its management port 'already in use' that way. Another draw of this process, or of another
+    process drawing from the same range, could take a port in those seconds too (a test pod's
+    gRPC port was found in use once): hence HANDED_OUT and the shares of PORT_SHARE_VARIABLE.
+    Where `ports` are fewer than 1,000, the kernel's choice (port 0) is taken instead."""
+    ports = chosen_range() if ports is None else ports
+    if len(ports) < 1000:
         return free_ports_from_kernel(count)
     draw = random.SystemRandom()
     chosen: list[int] = []
     for _ in range(100 * count):
-        port = draw.randrange(LOWEST_CHOSEN_PORT, below)
-        if port not in chosen and port_free(port):
+        port = draw.choice(ports)
+        if port not in chosen and port not in HANDED_OUT and port_free(port):
             chosen.append(port)
             if len(chosen) == count:
+                HANDED_OUT.extend(chosen)
                 return chosen
-    raise ConfigError(f"fewer than {count} free ports on 127.0.0.1 below {below}")
+    raise ConfigError(f"fewer than {count} free ports on 127.0.0.1 from {ports.start} to {ports.stop - 1}")
 
 
 def port_free(port: int) -> bool:

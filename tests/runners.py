@@ -77,10 +77,11 @@ def noting_calls(module: Any, names: tuple[str, ...], calls: list[str],
     """`module`'s functions `names` replaced, for the test, by ones that note their name in
     `calls`, then call them."""
     for name in names:
-        monkeypatch.setattr(module, name, noted(name, getattr(module, name), calls))
+        monkeypatch.setattr(module, name, noting(name, getattr(module, name), calls))
 
 
-def noted(name: str, function: Callable[..., Any], calls: list[str]) -> Callable[..., Any]:
+def noting(name: str, function: Callable[..., Any], calls: list[str]) -> Callable[..., Any]:
+    """`function` (a runner, a check), noting `name` in `calls` at every call."""
     def call(*args: Any, **kwargs: Any) -> Any:
         calls.append(name)
         return function(*args, **kwargs)

@@ -16,7 +16,7 @@ import yaml
 
 from handlers.image_classifier import ImageClassifierHandler
 from handlers.model import model_loading, runner_selection
-from handlers.model.compiled_model import CompiledPackage, CompileTarget, MachineTarget, Runner
+from handlers.model.compiled_model import CompiledPackage, CompileTarget, MachineTarget
 from handlers.model.engine_runners import OpenVinoRunner
 from handlers.model.host_batches import LOCK_DIR_VARIABLE, LOCK_FILE_NAME, SoloThreadsRunner, host_batches
 from handlers.model.runner_order import parse_runner_order
@@ -30,7 +30,7 @@ from handlers.model.runner_selection import (
 from tests.answers import assert_same_answer
 from tests.archives import load_classifier_dir, photo_answers
 from tests.recording_metrics import RecordingMetrics
-from tests.runners import engine_threads, noting_calls, spins_on_after_a_run, threads_given
+from tests.runners import engine_threads, noting, noting_calls, spins_on_after_a_run, threads_given
 from tests.unit.test_host_batches import other_worker_in_a_batch
 
 TARGET = CompileTarget("2.14.1", "cpu", "AVX2", "fp32", 8, (3, 224, 224), True)
@@ -240,11 +240,3 @@ def test_an_engine_is_loaded_again_at_solo_threads_for_batches_alone_on_the_host
     for answers in (alone, beside_another):
         for got, expected in zip(answers, eager_answers, strict=True):
             assert_same_answer(got, expected, "fp32")
-
-
-def noting(name: str, load: Runner, ran: list[str]) -> Runner:
-    """`load`, noting `name` in `ran` at every call."""
-    def run(batch: torch.Tensor) -> torch.Tensor:
-        ran.append(name)
-        return load(batch)
-    return run

@@ -274,7 +274,7 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
     the balancer's changes of its rotation from `balancer_log`, when given; each request sends
     `payload` (chelsea.png when not given)."""
     target = LoadTarget(f"http://127.0.0.1:{port}/predictions/efficientnet_lite0",
-                        [payload or photo_path().read_bytes()], timeout_s=60)
+                        [photo_path().read_bytes() if payload is None else payload], timeout_s=60)
     results: list[Result] = []
     load_done = threading.Event()
     started = time.perf_counter()

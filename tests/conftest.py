@@ -261,6 +261,26 @@ def shared_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_fork_server_per_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The servers a test process starts hand their workers to one fork server owned by that
+    process (torchserve_vision.worker_forkserver's OWNER_VARIABLE), so that no server start
+    after the first imports torch again: 3-4 s of a core each, about 30 starts a run. A server
+    started inside `tests.server.servers.fork_server_of_its_own` starts its own beside its
+    frontend, as outside the tests, and so do pods in a PID namespace. Nothing is shared when the
+    environment turns the fork server off or names an owner already."""
+    from torchserve_vision.worker_forkserver import DIRECTORY_VARIABLE, OWNER_VARIABLE, SWITCH_VARIABLE
+
+    if os.environ.get(SWITCH_VARIABLE) == "0" or OWNER_VARIABLE in os.environ:
+        yield
+        return
+    directory = tmp_path_factory.mktemp("fork-servers")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(OWNER_VARIABLE, str(os.getpid()))
+        patch.setenv(DIRECTORY_VARIABLE, str(directory))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def pillow_opens_as_pillow() -> Iterator[None]:
     """Each test ends with Pillow's own `Image.open`: importing Ultralytics (its tests do)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from torchserve_vision.worker_forkserver.cgroups import cgroup2_mount, own_cgroup
+
 ROOT_VARIABLE = "TSV_CPU_BY_UNIT_CGROUP"    # the run's cgroup, for pytest-xdist's worker processes
 OUTSIDE_UNITS = "(the processes' start, collection and end)"
 UNIT_OF = pytest.StashKey[Callable[[str], str]]()   # test id -> unit; set by a conftest
@@ -46,23 +48,6 @@ class UnitCpu:
     unit: str
     core_s: float
     system_s: float
-
-
-def cgroup2_mount(mounts: str) -> Path | None:
-    """Where the cgroup v2 hierarchy is mounted, from /proc/self/mounts' text, if it is."""
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) > 2 and fields[2] == "cgroup2":
-            return Path(fields[1])
-    return None
-
-
-def own_cgroup(proc_cgroup: str) -> str:
-    """This process's cgroup v2 path (below the mount) from /proc/self/cgroup's text."""
-    for line in proc_cgroup.splitlines():
-        if line.startswith("0::"):
-            return line[3:]
-    return "/"
 
 
 def cgroup_name(unit: str) -> str:

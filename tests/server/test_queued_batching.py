@@ -25,7 +25,7 @@ import requests
 from tests.images import CAT_LABELS, photo_bytes, slow_png
 from tests.server.http_client import burst_with_one_bad_upload, concurrently
 from tests.server.logs import log_lines, wait_for_log
-from tests.server.servers import started_server
+from tests.server.servers import fork_server_of_its_own, started_server
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
 from torchserve_vision.prometheus_text import scrape, total
@@ -68,7 +68,10 @@ def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIns
     archives = {version: archive_with_version(store, f"{MODEL}-1.0.mar", version,
                                               frontend_changes={**changes, "jobQueueSize": WIDE_QUEUE})
                 for version, changes in frontends.items()}
-    for server in started_server(tmp_path_factory.mktemp("queued"), store, load_models=""):
+    servers = started_server(tmp_path_factory.mktemp("queued"), store, load_models="")
+    with fork_server_of_its_own():       # the frontend's environment is set at its start
+        server = next(servers)
+    try:
         client = server.client(timeout_s=60)   # a register answers once the archive is read
         for archive in archives.values():      # the four workers start side by side
             client.register(archive, batch_size=8, max_batch_delay_ms=AN_HOUR_MS, initial_workers=1,
@@ -77,6 +80,8 @@ def queued_server(model_store: Path, tmp_path_factory) -> Iterator[TorchServeIns
             wait_for_workers(client, MODEL, version, 1, 300)
         client.set_default(MODEL, QUEUED)
         yield server
+    finally:
+        servers.close()                        # stops it
 
 
 def post(server: TorchServeInstance, body: bytes, version: str = QUEUED,

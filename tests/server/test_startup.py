@@ -22,7 +22,7 @@ from tests.runners import first_runner_here, network_sections
 from tests.server.http_client import post_image
 from tests.server.logs import wait_for_log
 from torchserve_vision import paths
-from torchserve_vision.lab.echo_archive import ECHO, build_echo_archive
+from torchserve_vision.archives import ARCHIVER
 from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.rollout import wait_for_workers
 from torchserve_vision.server_process import ServerError, TorchServeInstance, instance_for, ping, start
@@ -158,15 +158,29 @@ def test_every_archive_serves_the_first_runner_of_its_order_on_this_cpu(server, 
             client.unregister(description.name, description.version)
 
 
+# A worker that loads for ten minutes: not READY within any wait of the test, however fast the
+# machine (a worker forked from a running fork server can be READY within a second).
+SLOW_LOADING_HANDLER = ("import time\n\n\n"
+                        "class SlowLoading:\n"
+                        "    def initialize(self, context):\n"
+                        "        time.sleep(600)\n\n"
+                        "    def handle(self, data, context):\n"
+                        "        return [b'{}' for _ in data]\n")
+
+
 def test_a_server_that_is_not_healthy_in_time_is_stopped_again(tmp_path):
-    """`server start`'s wait runs out (here after 1 s, before the echo worker is up): the
-    command fails and leaves no TorchServe behind."""
+    """`server start`'s wait runs out (here after 1 s, with a worker that loads for ten
+    minutes): the command fails and leaves no TorchServe behind."""
     store = tmp_path / "store"
     store.mkdir()
-    archive = build_echo_archive(store, ECHO)
-    config = server_config(tmp_path / "config", store, paths.DEVELOPMENT_CONFIG, load_models=archive)
+    handler = tmp_path / "slow_loading.py"
+    handler.write_text(SLOW_LOADING_HANDLER)
+    subprocess.run([str(ARCHIVER), "--model-name", "slow_loading", "--version", "1.0", "--handler",
+                    str(handler), "--export-path", str(store)], check=True, capture_output=True)
+    config = server_config(tmp_path / "config", store, paths.DEVELOPMENT_CONFIG,
+                           load_models="slow_loading.mar")
     properties = read_properties(config)
-    del properties["models"]            # the echo archive's own settings
+    del properties["models"]            # the archive's own settings
     config.write_text(render_properties(properties))
     instance = instance_for(config, tmp_path / "run")
     with pytest.raises(ServerError, match="to be healthy"):

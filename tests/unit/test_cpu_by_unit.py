@@ -17,14 +17,13 @@ from tests.cpu_by_unit import (
     OUTSIDE_UNITS,
     ROOT_VARIABLE,
     UnitCpu,
-    cgroup2_mount,
     cgroup_name,
     cpu_seconds,
-    own_cgroup,
     table,
     unit_name,
 )
 from torchserve_vision.waiting import wait_until
+from torchserve_vision.worker_forkserver.cgroups import cgroup2_mount, own_cgroup
 
 REPO = Path(__file__).resolve().parents[2]
 BUSY_S = 0.6       # of CPU, counted by the process itself: the same on any machine

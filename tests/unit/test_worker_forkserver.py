@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,18 @@ import psutil
 import pytest
 
 from handlers import torchserve_context
-from torchserve_vision.server_process import process_alive
+from handlers.shadow.shadow_policy import TRAFFIC_DIR_ENVIRONMENT
+from torchserve_vision import paths
+from torchserve_vision.server_process import instance_for, process_alive
 from torchserve_vision.waiting import wait_until
-from torchserve_vision.worker_forkserver import DIRECTORY_VARIABLE, FRONTEND_PID_VARIABLE, SWITCH_VARIABLE
+from torchserve_vision.worker_forkserver import (
+    DIRECTORY_VARIABLE,
+    FRONTEND_PID_VARIABLE,
+    OWNER_VARIABLE,
+    SWITCH_VARIABLE,
+    shared_owner,
+)
+from torchserve_vision.worker_forkserver.cgroups import cgroup2_mount, own_cgroup
 from torchserve_vision.worker_forkserver.channel import ForkServerFiles, server_key
 from torchserve_vision.worker_forkserver.client import server_environment
 from torchserve_vision.worker_forkserver.frontend_setup import (
@@ -29,9 +39,11 @@ from torchserve_vision.worker_forkserver.frontend_setup import (
 )
 
 WORKER_SCRIPT = """
-import gc, json, os, sys, time
+import gc, json, os, sys, tempfile, time
 import model_module
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[1:], "cwd": os.getcwd(),
+                  "tmp": tempfile.gettempdir(), "logs": os.environ.get("LOG_LOCATION"),
+                  "cgroup": open("/proc/self/cgroup").read(),
                   "setting": os.environ.get("WORKER_SETTING"), "module": model_module.VALUE,
                   "path0": sys.path[0], "name": __name__, "collector_on": gc.isenabled(),
                   "frozen": gc.get_freeze_count(),
@@ -55,23 +67,32 @@ def worker_tree(tmp_path: Path) -> tuple[Path, Path]:
     return script, model_dir
 
 
-def frontend_environment(tmp_path: Path, model_dir: Path, fork_server: bool) -> dict[str, str]:
+def frontend_environment(tmp_path: Path, model_dir: Path, fork_server: bool,
+                         shared_by: tuple[int, Path] | None = None) -> dict[str, str]:
+    """A frontend's environment: its fork server in `tmp_path / "run"`, or the one
+    `shared_by` (owner pid, directory) names."""
     environment = {**os.environ, "WORKER_SETTING": "set", "WORKER_EXIT_CODE": "7"}
-    environment.pop(DIRECTORY_VARIABLE, None)
+    for name in (DIRECTORY_VARIABLE, OWNER_VARIABLE):
+        environment.pop(name, None)
     environment["PYTHONPATH"] = str(model_dir)     # TorchServe appends the model's directory
     if not fork_server:
         return {**environment, SWITCH_VARIABLE: "0"}
+    if shared_by is not None:
+        environment.update({OWNER_VARIABLE: str(shared_by[0]), DIRECTORY_VARIABLE: str(shared_by[1])})
     environment = with_fork_server({**environment, SWITCH_VARIABLE: "1"}, tmp_path / "run")
-    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run").mkdir(parents=True, exist_ok=True)
     return environment
 
 
 def run_frontend(script: Path, model_dir: Path, environment: dict[str, str],
-                 workers: int) -> tuple[int, list[str]]:
-    """A shell as the frontend: start `workers` workers one after the other (as TorchServe does,
-    in the model's directory), print each one's exit code. (The shell's pid, its output.)"""
+                 workers: int, cgroup: Path | None = None) -> tuple[int, list[str]]:
+    """A shell as the frontend (in `cgroup` when given): start `workers` workers one after the
+    other (as TorchServe does, in the model's directory), print each one's exit code. (The
+    shell's pid, its output.)"""
     command = 'echo $$; ' + "; ".join(f'"{sys.executable}" "{script}" --port {9000 + n}; echo "exit $?"'
                                       for n in range(workers))
+    if cgroup is not None:
+        command = f'echo $$ > "{cgroup}/cgroup.procs"; {command}'
     done = subprocess.run(["sh", "-c", command], cwd=model_dir, env=environment,
                           capture_output=True, text=True, timeout=240, check=True)
     assert done.stderr.count("to standard error") == workers, done.stderr
@@ -79,12 +100,20 @@ def run_frontend(script: Path, model_dir: Path, environment: dict[str, str],
     return int(shell), lines
 
 
-def test_the_fork_servers_key_ignores_only_what_the_frontend_adds():
+def test_the_fork_servers_key_ignores_only_what_the_frontend_adds_and_the_instances_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     base = {"PATH": "/bin", "PYTHONPATH": "/models/a"}
     assert server_key("python", base, 1) == server_key("python", {**base, "PYTHONPATH": "/models/b"}, 1)
     assert server_key("python", base, 1) == server_key("python", {**base, "TS_IPEX_ENABLE": "false"}, 1)
     assert server_key("python", base, 1) != server_key("python", {**base, "OMP_NUM_THREADS": "1"}, 1)
     assert server_key("python", base, 1) != server_key("python", base, 2)       # another frontend
+    # where each instance keeps its files (server_process.TorchServeInstance.environment)
+    monkeypatch.delenv(OWNER_VARIABLE, raising=False)
+    instances = [instance_for(paths.DEVELOPMENT_CONFIG, tmp_path / run).environment() for run in ("a", "b")]
+    assert {name for name in instances[0] if instances[0][name] != instances[1].get(name)} == {
+        "TMPDIR", "TEMP", "LOG_LOCATION", "METRICS_LOCATION", TRAFFIC_DIR_ENVIRONMENT, DIRECTORY_VARIABLE}
+    assert server_key("python", instances[0], 1) == server_key("python", instances[1], 1)
+    assert server_key("python", base, 1) == server_key("python", {**base, "PYTEST_CURRENT_TEST": "t"}, 1)
     assert server_key("python", base, 1) != server_key("python3", base, 1)
     socket_name = ForkServerFiles(Path("/t"), server_key("python", base, 1)).socket.name
     assert len(socket_name) <= len(".ts.sock.65535")     # fits where TorchServe's sockets fit
@@ -194,3 +223,75 @@ def test_a_fork_server_that_cannot_start_leaves_workers_to_start_plainly(tmp_pat
     assert parents(lines) == {shell}       # each started by the shell itself
     failed = list(deep.glob(".fork.*.failed"))
     assert len(failed) == 1 and "did not start" in failed[0].read_text()
+
+
+def test_an_owner_needs_a_directory_and_a_pid():
+    assert shared_owner({OWNER_VARIABLE: "42", DIRECTORY_VARIABLE: "/run/fork"}) == 42
+    assert shared_owner({OWNER_VARIABLE: "42"}) is None
+    assert shared_owner({OWNER_VARIABLE: "0", DIRECTORY_VARIABLE: "/run/fork"}) is None
+    assert shared_owner({OWNER_VARIABLE: "me", DIRECTORY_VARIABLE: "/run/fork"}) is None
+    assert shared_owner({DIRECTORY_VARIABLE: "/run/fork"}) is None
+    shared = {OWNER_VARIABLE: "42", DIRECTORY_VARIABLE: "/run/fork"}
+    assert with_fork_server(shared, Path("/instance/tmp"))[DIRECTORY_VARIABLE] == "/run/fork"
+    assert with_fork_server({DIRECTORY_VARIABLE: "/run/fork"}, Path("/instance/tmp"))[DIRECTORY_VARIABLE] \
+        == "/instance/tmp"
+    assert OWNER_VARIABLE not in without_fork_server(with_fork_server(shared, Path("/instance/tmp")))
+
+
+def cgroup_v2_writable() -> bool:
+    mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
+    return os.geteuid() == 0 and mount is not None and os.access(mount, os.W_OK)
+
+
+@pytest.fixture
+def frontend_cgroup() -> Iterator[Path | None]:
+    """A cgroup v2 of its own for a frontend (None where this process may not make one)."""
+    mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
+    if not cgroup_v2_writable() or mount is None:
+        yield None
+        return
+    cgroup = mount / f"torchserve-vision-fork-test-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        yield cgroup
+    finally:
+        wait_until(lambda: not (cgroup / "cgroup.procs").read_text().strip(), 30, "the cgroup emptied",
+                   interval_s=0.05)
+        cgroup.rmdir()
+
+
+@pytest.mark.slow
+def test_the_frontends_of_one_owner_share_its_fork_server_which_ends_with_the_owner(
+        tmp_path: Path, worker_tree, frontend_cgroup: Path | None):
+    script, model_dir = worker_tree
+    owner = subprocess.Popen(["sleep", "600"])
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    try:
+        shells, lines = [], []
+        for name, cgroup in (("a", None), ("b", frontend_cgroup)):   # two instances, each with
+            # its files in directories of its own; the second frontend in a cgroup of its own
+            environment = frontend_environment(tmp_path / name, model_dir, True, (owner.pid, shared))
+            environment.update({"TMPDIR": str(tmp_path / name),
+                                "LOG_LOCATION": str(tmp_path / name / "logs")})
+            shell, output = run_frontend(script, model_dir, environment, 1, cgroup)
+            shells.append(shell)
+            lines.append(json.loads(output[0]))
+        if frontend_cgroup is not None:     # each worker counted with its own frontend
+            own = Path("/proc/self/cgroup").read_text()
+            assert [own_cgroup(line["cgroup"]) for line in lines] == [
+                own_cgroup(own), "/" + frontend_cgroup.name]
+        assert lines[0]["ppid"] == lines[1]["ppid"] not in shells    # one server forked both
+        assert [line["frontend"] for line in lines] == [str(shell) for shell in shells]
+        # each worker with its own instance's directories, not those of the first
+        assert [(line["tmp"], line["logs"]) for line in lines] == [
+            (str(tmp_path / name), str(tmp_path / name / "logs")) for name in ("a", "b")]
+        assert len(fork_server_pids(shared)) == 1
+        assert not fork_server_pids(tmp_path / "a" / "run") and not fork_server_pids(tmp_path / "b" / "run")
+        server = lines[0]["ppid"]
+        assert psutil.pid_exists(server)     # its frontends have exited; its owner has not
+    finally:
+        owner.kill()
+        owner.wait()
+    wait_until(lambda: not psutil.pid_exists(server) and not fork_server_pids(shared), 30,
+               "the shared fork server to exit after its owner", interval_s=0.05)

@@ -22,6 +22,7 @@ from torchserve_vision.errors import CommandError
 from torchserve_vision.server_process import TorchServeInstance, instance_for, stop
 from torchserve_vision.torchserve_config import free_ports
 from torchserve_vision.waiting import wait_until
+from torchserve_vision.worker_forkserver import OWNER_VARIABLE
 
 
 class PodError(CommandError, RuntimeError):
@@ -74,13 +75,16 @@ class Pod:
         if self.grpc_front_port is not None:
             command += ["--grpc-front-port", str(self.grpc_front_port)]
         command += ["--log-to", self.log_to]
+        environment = {**os.environ, **self.environment}
         if self.pid_namespace:
             command = ["unshare", "--pid", "--mount-proc", "--kill-child", *command]
+            # no pid outside the namespace means anything inside it: its own fork server, as a
+            # container's
+            environment.pop(OWNER_VARIABLE, None)
         with open(self.output_path, "ab") as output:
             # a session of its own, so that `kill` reaches what it started (the front's HAProxy)
             self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
-                                            env={**os.environ, **self.environment},
-                                            start_new_session=True)
+                                            env=environment, start_new_session=True)
         self.signalled_at = None
 
     def probe(self, path: str = "/ready") -> tuple[int, dict[str, object]]:

@@ -16,12 +16,20 @@ A worker always starts: plainly when no directory is set or its fork server cann
 archive's own code (the handlers) is never preloaded: each child imports it from its model
 directory, as a plain worker does. `TSV_WORKER_FORKSERVER=0` in the environment of
 `torchserve-vision server` turns it off.
+
+A process that starts several frontends on one host (a test session, a supervisor of
+side-by-side versions) may own one fork server for all of them: with its pid in
+TSV_WORKER_FORKSERVER_OWNER and a directory in TSV_WORKER_FORKSERVER_DIR, the frontends started
+from its environment hand their workers to one fork server there (one per environment, as the key
+in `channel` says), which exits when that process does; no frontend start imports torch again.
 """
 
 import os
+from collections.abc import Mapping
 
 DIRECTORY_VARIABLE = "TSV_WORKER_FORKSERVER_DIR"
 SWITCH_VARIABLE = "TSV_WORKER_FORKSERVER"
+OWNER_VARIABLE = "TSV_WORKER_FORKSERVER_OWNER"
 # Set in each forked worker's environment to the frontend's pid (the worker's parent is the fork
 # server): handlers.torchserve_context.FRONTEND_PID_VARIABLE, which this package cannot import.
 FRONTEND_PID_VARIABLE = "TSV_FRONTEND_PID"
@@ -32,3 +40,12 @@ WORKER_SCRIPT_SUFFIX = "/ts/model_service_worker.py"
 def python_path_entries(value: str) -> list[str]:
     """The entries of a PYTHONPATH value, empty ones left out."""
     return [entry for entry in value.split(os.pathsep) if entry]
+
+
+def shared_owner(environment: Mapping[str, str]) -> int | None:
+    """The pid of the process that owns a fork server shared by its frontends (OWNER_VARIABLE,
+    with DIRECTORY_VARIABLE naming where it lives), or None: each frontend owns its own."""
+    value = environment.get(OWNER_VARIABLE, "")
+    if not value.isdigit() or int(value) <= 0 or not environment.get(DIRECTORY_VARIABLE):
+        return None
+    return int(value)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchserve_vision.worker_forkserver import DIRECTORY_VARIABLE
+
 MAX_MESSAGE_BYTES = 1 << 20
 DESCRIPTOR_COUNT = 4   # stdin, stdout, stderr, the stand-in's pipe
 # What TorchServe's frontend adds to a worker's environment (PYTHONPATH with the model's
@@ -25,6 +27,15 @@ DESCRIPTOR_COUNT = 4   # stdin, stdout, stderr, the stand-in's pipe
 # worker's own environment; no module the server preloads reads these at import.
 FRONTEND_ADDED_PREFIX = "TS_"
 FRONTEND_ADDED_VARIABLES = frozenset({"PYTHONPATH"})
+# Where each frontend keeps its own files (server_process.TorchServeInstance.environment): not in
+# the key either, so that the frontends of one owner (OWNER_VARIABLE) share a fork server. Each
+# child gets its worker's values; what the preloaded modules kept of them (`tempfile`'s directory)
+# the child forgets (server.run_worker).
+INSTANCE_VARIABLES = frozenset({"TMPDIR", "TEMP", "LOG_LOCATION", "METRICS_LOCATION", "TSV_TRAFFIC_DIR",
+                                DIRECTORY_VARIABLE})
+# Set by pytest for each test it runs (so different for each server a test session starts); no
+# preloaded module reads it.
+RUNNER_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 @dataclass(frozen=True)
@@ -61,9 +72,11 @@ class ForkServerFiles:
 
 def server_key(executable: str, environment: Mapping[str, str], owner_pid: int) -> str:
     """Which fork server may fork a worker: one started by the same interpreter, with the same
-    environment (but what the frontend adds), for the same frontend (`owner_pid`)."""
+    environment (but what the frontend adds and where its instance keeps its files), for the same
+    owner (`owner_pid`: the frontend, or the process that owns a shared fork server)."""
     shared = sorted((name, value) for name, value in environment.items()
-                    if name not in FRONTEND_ADDED_VARIABLES and not name.startswith(FRONTEND_ADDED_PREFIX))
+                    if name not in FRONTEND_ADDED_VARIABLES | INSTANCE_VARIABLES | RUNNER_VARIABLES
+                    and not name.startswith(FRONTEND_ADDED_PREFIX))
     text = json.dumps([executable, owner_pid, shared])
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 

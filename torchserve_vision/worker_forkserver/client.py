@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from torchserve_vision.waiting import wait_until
-from torchserve_vision.worker_forkserver import FRONTEND_PID_VARIABLE, python_path_entries
+from torchserve_vision.worker_forkserver import FRONTEND_PID_VARIABLE, python_path_entries, shared_owner
 from torchserve_vision.worker_forkserver.channel import ForkServerFiles, receive, send, server_key
 
 SERVER_MODULE = "torchserve_vision.worker_forkserver.server"
@@ -43,11 +43,12 @@ def server_environment(environment: dict[str, str], model_dir: str) -> dict[str,
 
 
 def spawn_server(arguments: list[str], environment: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """`python -m SERVER_MODULE arguments...` in a session of its own, its output in `log`."""
+    """`python -m SERVER_MODULE arguments...` in a session of its own, its output in `log`, in
+    the directory of its files (which outlives the model directory a worker starts it from)."""
     with open(log, "ab") as output:
         return subprocess.Popen([sys.executable, "-m", SERVER_MODULE, *arguments], env=environment,
-                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
+                                cwd=log.parent, stdin=subprocess.DEVNULL, stdout=output,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
 
 
 class ServerExited(Exception):
@@ -119,7 +120,8 @@ def serve_through_forkserver(directory: str) -> int | None:
     """Hand this process's worker (argv, cwd, environment, standard streams) to the fork server
     and return the worker's exit code once it has exited; None before anything was handed over
     (then this process starts the worker itself)."""
-    owner_pid = os.getppid()
+    frontend_pid = os.getppid()
+    owner_pid = shared_owner(os.environ) or frontend_pid
     files = ForkServerFiles(Path(directory), server_key(sys.executable, os.environ, owner_pid))
     try:
         connection = connect_or_start(files, owner_pid)
@@ -129,7 +131,7 @@ def serve_through_forkserver(directory: str) -> int | None:
         return None
     with connection:
         pipe_read, _pipe_write = os.pipe()    # the write end stays here until this process ends
-        environment = {**os.environ, FRONTEND_PID_VARIABLE: str(owner_pid)}
+        environment = {**os.environ, FRONTEND_PID_VARIABLE: str(frontend_pid)}
         request = {"argv": sys.argv, "cwd": os.getcwd(), "environment": environment}
         try:
             send(connection, request, (0, 1, 2, pipe_read))

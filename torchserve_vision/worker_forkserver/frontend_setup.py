@@ -9,7 +9,13 @@ from pathlib import Path
 
 import psutil
 
-from torchserve_vision.worker_forkserver import DIRECTORY_VARIABLE, SWITCH_VARIABLE, python_path_entries
+from torchserve_vision.worker_forkserver import (
+    DIRECTORY_VARIABLE,
+    OWNER_VARIABLE,
+    SWITCH_VARIABLE,
+    python_path_entries,
+    shared_owner,
+)
 from torchserve_vision.worker_forkserver.client import SERVER_MODULE, spawn_server
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
@@ -21,11 +27,13 @@ def enabled(environment: dict[str, str]) -> bool:
 
 def with_fork_server(environment: dict[str, str], directory: Path) -> dict[str, str]:
     """`environment` for a frontend whose workers start from a fork server keeping its files in
-    `directory` (unchanged when SWITCH_VARIABLE is 0)."""
+    `directory`, or in the shared one the environment names (`shared_owner`); unchanged when
+    SWITCH_VARIABLE is 0."""
     if not enabled(environment):
         return environment
     entries = [str(SITE_DIR), *python_path_entries(environment.get("PYTHONPATH", ""))]
-    return {**environment, DIRECTORY_VARIABLE: str(directory), "PYTHONPATH": os.pathsep.join(entries)}
+    where = environment[DIRECTORY_VARIABLE] if shared_owner(environment) else str(directory)
+    return {**environment, DIRECTORY_VARIABLE: where, "PYTHONPATH": os.pathsep.join(entries)}
 
 
 PRESTARTED_PID_FILE, PRESTARTED_LOG_FILE = ".fork.prestarted.pid", ".fork.prestarted.log"
@@ -35,9 +43,10 @@ def prestart_fork_server(environment: dict[str, str],
                          frontend_pid_file: Path) -> subprocess.Popen[bytes] | None:
     """Start the fork server beside the frontend (`environment` as `with_fork_server` made it), so
     that its imports run while the frontend starts: it waits for `frontend_pid_file`, then for
-    the first worker. None when the fork server is off."""
+    the first worker. None when the fork server is off, or shared (its first worker starts it;
+    later frontends find it running)."""
     directory = environment.get(DIRECTORY_VARIABLE)
-    if not enabled(environment) or not directory:
+    if not enabled(environment) or not directory or shared_owner(environment):
         return None
     return spawn_server(["--directory", directory, "--owner-pid-file", str(frontend_pid_file),
                          "--pid-file", str(Path(directory) / PRESTARTED_PID_FILE)],
@@ -48,7 +57,8 @@ def without_fork_server(environment: dict[str, str]) -> dict[str, str]:
     """`environment` as it was before `with_fork_server` (for a frontend started plainly)."""
     entries = [entry for entry in python_path_entries(environment.get("PYTHONPATH", ""))
                if entry != str(SITE_DIR)]
-    plain = {name: value for name, value in environment.items() if name != DIRECTORY_VARIABLE}
+    plain = {name: value for name, value in environment.items()
+             if name not in (DIRECTORY_VARIABLE, OWNER_VARIABLE)}
     if entries:
         return {**plain, "PYTHONPATH": os.pathsep.join(entries)}
     plain.pop("PYTHONPATH", None)

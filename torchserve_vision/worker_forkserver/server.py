@@ -24,6 +24,7 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ import psutil
 
 from torchserve_vision.waiting import wait_until
 from torchserve_vision.worker_forkserver import python_path_entries
+from torchserve_vision.worker_forkserver.cgroups import join_cgroup_of
 from torchserve_vision.worker_forkserver.channel import (
     DESCRIPTOR_COUNT,
     ForkServerFiles,
@@ -109,7 +111,8 @@ class ForkServer:
 
     def accept(self) -> None:
         stand_in, _ = self.listener.accept()
-        if peer_uid(stand_in) != os.getuid():     # only this user's processes may start workers
+        stand_in_pid, uid = peer_credentials(stand_in)
+        if uid != os.getuid():                    # only this user's processes may start workers
             stand_in.close()
             return
         stand_in.settimeout(REQUEST_TIMEOUT_S)
@@ -123,15 +126,18 @@ class ForkServer:
                 os.close(descriptor)
             stand_in.close()
             return
-        self.fork(request, descriptors, stand_in)
+        self.fork(request, descriptors, stand_in, stand_in_pid)
 
-    def fork(self, request: dict[str, Any], descriptors: list[int], stand_in: socket.socket) -> None:
+    def fork(self, request: dict[str, Any], descriptors: list[int], stand_in: socket.socket,
+             stand_in_pid: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             stand_in.close()
             self.close_inherited()
+            # counted and limited with its frontend (a shared fork server was started beside another)
+            join_cgroup_of(stand_in_pid)
             run_worker(request, descriptors, self.base_path)   # never returns
         for descriptor in descriptors:
             os.close(descriptor)
@@ -175,6 +181,7 @@ def run_worker(request: dict[str, Any], descriptors: list[int], base_path: list[
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["environment"])
+        tempfile.tempdir = None      # found again from TMPDIR: the preload's was another instance's
         argv = list(request["argv"])
         sys.argv = argv
         sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])),
@@ -204,10 +211,11 @@ def exit_code_of(exit_request: SystemExit) -> int:
     return 1
 
 
-def peer_uid(connection: socket.socket) -> int:
+def peer_credentials(connection: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end."""
     credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", credentials)
-    return int(uid)
+    pid, uid, _gid = struct.unpack("3i", credentials)
+    return int(pid), int(uid)
 
 
 def listen(path: Path) -> socket.socket:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from torchserve_vision.worker_forkserver.cgroups import cgroup2_mount, own_cgroup
+from torchserve_vision.worker_forkserver.cgroups import mounted_cgroup2, own_cgroup
 
 ROOT_VARIABLE = "TSV_CPU_BY_UNIT_CGROUP"    # the run's cgroup, for pytest-xdist's worker processes
 OUTSIDE_UNITS = "(the processes' start, collection and end)"
@@ -48,6 +48,13 @@ class UnitCpu:
     unit: str
     core_s: float
     system_s: float
+
+
+def writable_cgroup2() -> Path | None:
+    """The cgroup v2 mount where this process may make cgroups and move processes into them
+    (root, a writable mount); None elsewhere."""
+    mount = mounted_cgroup2()
+    return mount if os.geteuid() == 0 and mount is not None and os.access(mount, os.W_OK) else None
 
 
 def cgroup_name(unit: str) -> str:
@@ -100,7 +107,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     root_text = os.environ.get(ROOT_VARIABLE)
     if root_text is None:        # the controlling process (or the only one): the run's cgroup
-        mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
+        mount = mounted_cgroup2()
         if mount is None:
             raise pytest.UsageError("--cpu-by-unit needs a cgroup v2 hierarchy; none is mounted")
         home = mount / own_cgroup(Path("/proc/self/cgroup").read_text()).lstrip("/")

@@ -21,6 +21,7 @@ from tests.cpu_by_unit import (
     cpu_seconds,
     table,
     unit_name,
+    writable_cgroup2,
 )
 from torchserve_vision.waiting import wait_until
 from torchserve_vision.worker_forkserver.cgroups import cgroup2_mount, own_cgroup
@@ -81,20 +82,15 @@ def test_busy(tmp_path):
 """
 
 
-def cgroup_v2_writable() -> bool:
-    mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
-    return os.geteuid() == 0 and mount is not None and os.access(mount, os.W_OK)
-
-
 @pytest.mark.slow            # two runs of pytest of their own, about 5 s: not in the fast tier
-@pytest.mark.skipif(not cgroup_v2_writable(), reason="needs root and a cgroup v2 hierarchy")
+@pytest.mark.skipif(writable_cgroup2() is None, reason="needs root and a cgroup v2 hierarchy")
 @pytest.mark.parametrize("processes", ["0", "2"])
 def test_a_unit_is_charged_with_what_its_tests_started_even_once_reparented(tmp_path, processes):
     (tmp_path / "test_a_quiet.py").write_text(QUIET_MODULE)
     (tmp_path / "test_b_busy.py").write_text(BUSY_MODULE)
     (tmp_path / "test_c_leaving.py").write_text(LEAVING_MODULE)
     out = tmp_path / "cpu.tsv"
-    mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
+    mount = writable_cgroup2()
     assert mount is not None
     before = set(mount.glob("torchserve-vision-tests-*"))
     environment = {name: value for name, value in os.environ.items() if name != ROOT_VARIABLE}

@@ -18,6 +18,7 @@ import pytest
 
 from handlers import torchserve_context
 from handlers.shadow.shadow_policy import TRAFFIC_DIR_ENVIRONMENT
+from tests.cpu_by_unit import writable_cgroup2
 from torchserve_vision import paths
 from torchserve_vision.server_process import instance_for, process_alive
 from torchserve_vision.waiting import wait_until
@@ -28,7 +29,7 @@ from torchserve_vision.worker_forkserver import (
     SWITCH_VARIABLE,
     shared_owner,
 )
-from torchserve_vision.worker_forkserver.cgroups import cgroup2_mount, own_cgroup
+from torchserve_vision.worker_forkserver.cgroups import own_cgroup
 from torchserve_vision.worker_forkserver.channel import ForkServerFiles, server_key
 from torchserve_vision.worker_forkserver.client import server_environment
 from torchserve_vision.worker_forkserver.frontend_setup import (
@@ -238,16 +239,11 @@ def test_an_owner_needs_a_directory_and_a_pid():
     assert OWNER_VARIABLE not in without_fork_server(with_fork_server(shared, Path("/instance/tmp")))
 
 
-def cgroup_v2_writable() -> bool:
-    mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
-    return os.geteuid() == 0 and mount is not None and os.access(mount, os.W_OK)
-
-
 @pytest.fixture
 def frontend_cgroup() -> Iterator[Path | None]:
     """A cgroup v2 of its own for a frontend (None where this process may not make one)."""
-    mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
-    if not cgroup_v2_writable() or mount is None:
+    mount = writable_cgroup2()
+    if mount is None:
         yield None
         return
     cgroup = mount / f"torchserve-vision-fork-test-{os.getpid()}"

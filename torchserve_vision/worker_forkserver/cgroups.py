@@ -18,6 +18,11 @@ def cgroup2_mount(mounts: str) -> Path | None:
     return None
 
 
+def mounted_cgroup2() -> Path | None:
+    """Where this process sees the cgroup v2 hierarchy mounted, if it does."""
+    return cgroup2_mount(Path("/proc/self/mounts").read_text())
+
+
 def own_cgroup(proc_cgroup: str) -> str:
     """A process's cgroup v2 path (below the mount) from its /proc/PID/cgroup text."""
     for line in proc_cgroup.splitlines():
@@ -31,7 +36,7 @@ def join_cgroup_of(pid: int) -> None:
     no v2 hierarchy, `pid` is gone, or the move is not allowed (no permission, a read-only
     mount: the process then stays where it is)."""
     with contextlib.suppress(OSError):
-        mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
+        mount = mounted_cgroup2()
         theirs = own_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
         if mount is None or theirs == own_cgroup(Path("/proc/self/cgroup").read_text()):
             return

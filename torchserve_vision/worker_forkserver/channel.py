@@ -30,7 +30,9 @@ FRONTEND_ADDED_VARIABLES = frozenset({"PYTHONPATH"})
 # Where each frontend keeps its own files (server_process.TorchServeInstance.environment): not in
 # the key either, so that the frontends of one owner (OWNER_VARIABLE) share a fork server. Each
 # child gets its worker's values; what the preloaded modules kept of them (`tempfile`'s directory)
-# the child forgets (server.run_worker).
+# the child forgets (server.run_worker). TSV_TRAFFIC_DIR is handlers.shadow.shadow_policy's
+# TRAFFIC_DIR_ENVIRONMENT, which this package cannot import; tests/unit/test_worker_forkserver.py
+# checks the set against two instances' environments.
 INSTANCE_VARIABLES = frozenset({"TMPDIR", "TEMP", "LOG_LOCATION", "METRICS_LOCATION", "TSV_TRAFFIC_DIR",
                                 DIRECTORY_VARIABLE})
 # Set by pytest for each test it runs (so different for each server a test session starts); no

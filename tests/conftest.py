@@ -250,7 +250,7 @@ def build_foreign_packages(directory: Path) -> Path:
     compile_package(network.to(memory_format=torch.channels_last), request, "fp32",
                     directory / "model-fp32.pt2")
     shutil.copy(directory / "model-fp32.pt2", directory / "model-bf16.pt2")
-    export_onnx(network, shape, request.max_batch_size, directory / "model.onnx")
+    export_onnx(network, shape, directory / "model.onnx")
     return directory
 
 

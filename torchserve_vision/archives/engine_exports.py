@@ -6,8 +6,9 @@ where `compile.int8` asks for it an int8 OpenVINO model quantized from the IR an
 
 Measured on a 2-core AMD EPYC (Zen 4), EfficientNet-Lite0: the OpenVINO conversion takes about
 2 s; the ONNX export 0.5 s (6.4 through torch.export, on the AMX Xeon: docs/benchmarks.md, "The
-ONNX export"); each adds one copy of the weights to the archive (docs/benchmarks.md, "Engines"). An SSD-family detector's backbone and head are exported the
-same way (`export_detector_engines`), and so is an Ultralytics TorchScript detection export, for
+ONNX export"); each adds one copy of the weights to the archive (docs/benchmarks.md,
+"Engines"). An SSD-family detector's backbone and head are exported the same way
+(`export_detector_engines`), and so is an Ultralytics TorchScript detection export, for
 OpenVINO (`export_ultralytics_engines`).
 """
 

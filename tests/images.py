@@ -24,13 +24,14 @@ def photo_bytes(name: str) -> bytes:
 
 
 @cache
-def load_photo() -> bytes:
-    """What the tests that keep a server under load for a while send: chelsea.png re-encoded as
-    a quality-90 JPEG (35 KB instead of 240; its three best classes stay the three cats). A
-    request of it costs about 5 ms of a core less than one of the PNG (the Zen 4 EPYC, a
-    Lite0 server: the worker's PNG decode and the copies of the bytes through the frontend and
-    the worker's protocol), over the thousands such loads send in a run."""
-    with Image.open(PHOTOS_DIR / "chelsea.png") as photo:
+def load_photo(name: str = "chelsea.png") -> bytes:
+    """What the tests that keep a server under load for a while send: one of the project's
+    photos (chelsea.png unless `name` says another) re-encoded as a quality-90 JPEG (chelsea 35
+    KB instead of 240; its three best classes stay the three cats). A request of it costs about
+    5 ms of a core less than one of the PNG (the Zen 4 EPYC, a Lite0 server: the worker's PNG
+    decode and the copies of the bytes through the frontend and the worker's protocol), over
+    the thousands such loads send in a run."""
+    with Image.open(PHOTOS_DIR / name) as photo:
         return encode(photo.convert("RGB"), "JPEG", quality=90)
 
 

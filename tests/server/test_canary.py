@@ -67,9 +67,10 @@ def models(pod: Pod, store: Path, *args: str) -> int:
 
 def versions_answering(pod: Pod, count: int, headers: dict[str, str] | None = None,
                        path: str = f"/predictions/{MODEL}") -> Counter[str]:
+    photo = load_photo()
     with requests.Session() as session:
         answers = [session.post(f"http://127.0.0.1:{pod.front_port}{path}", timeout=60,
-                                data=photo_bytes("chelsea.png"), headers={**JPEG, **(headers or {})})
+                                data=photo, headers={**JPEG, **(headers or {})})
                    for _ in range(count)]
     assert {a.status_code for a in answers} == {200}
     return Counter(a.headers["X-Model-Version"] for a in answers)

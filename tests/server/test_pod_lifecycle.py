@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.images import CAT_LABELS, photo_bytes, slow_png
+from tests.images import CAT_LABELS, load_photo, photo_bytes, slow_png
 from tests.server.http_client import concurrently
 from tests.server.load import ContinuousLoad
 from tests.server.logs import wait_for_log
@@ -143,7 +143,7 @@ def test_continuous_load_that_follows_readiness_sees_no_failure_through_a_stop(p
     request they sent is answered, those in flight at the signal included, and a request that
     arrives in the drain delay (a load balancer that has not noticed yet) is served too."""
     headers = pod.instance.client().auth_headers("inference")
-    with ContinuousLoad(inference_url(pod), photo_bytes("coffee.png"), clients=4,
+    with ContinuousLoad(inference_url(pod), load_photo("coffee.png"), clients=4,
                         headers=lambda: headers) as load:
         load.wait_for(20)
         pod.terminate()

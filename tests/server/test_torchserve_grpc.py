@@ -19,7 +19,7 @@ import grpc
 import pytest
 from grpc_tools import protoc
 
-from tests.images import CAT_LABELS, photo_bytes
+from tests.images import CAT_LABELS, load_photo, photo_bytes
 from tests.server.http_client import concurrently
 from tests.server.load import ContinuousLoad
 from torchserve_vision.archives.versions import archive_with_version
@@ -138,7 +138,7 @@ def full_queue_refusal(server, messages, services, port: str, detector: str) -> 
             return "has a full queue" in (error.details() or "")
         return False
 
-    with ContinuousLoad(f"{server.inference_url}/predictions/{detector}", photo_bytes("coffee.png"),
+    with ContinuousLoad(f"{server.inference_url}/predictions/{detector}", load_photo("coffee.png"),
                         clients=24), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         client = services.InferenceAPIsServiceStub(channel)
         wait_until(lambda: refused_for_a_full_queue(client), 180,

@@ -132,7 +132,7 @@ def full_queue_refusal(server, messages, services, port: str, detector: str) -> 
     def refused_for_a_full_queue(client) -> bool:
         try:
             client.Predictions(messages.PredictionsRequest(
-                model_name=detector, input={"data": photo_bytes("coffee.png")}), timeout=60)
+                model_name=detector, input={"data": load_photo("coffee.png")}), timeout=60)
         except grpc.RpcError as error:
             refused.append(error)
             return "has a full queue" in (error.details() or "")

@@ -49,6 +49,7 @@ from torchserve_vision.worker_forkserver.frontend_setup import (
     wait_for_fork_servers,
     with_fork_server,
 )
+from torchserve_vision.worker_processes import end_leftover_workers
 
 
 class ServerError(CommandError, RuntimeError):
@@ -374,6 +375,7 @@ def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s:
     subprocess.run(torchserve_command(instance, ["--stop"]), cwd=instance.run_dir,
                    env=instance.environment(), capture_output=True, timeout=timeout_s, check=False)
     wait_for_exit(pid, timeout_s)
+    end_leftover_workers(instance.tmp_dir)
     wait_for_fork_servers(instance.tmp_dir, timeout_s)
 
 
@@ -536,6 +538,7 @@ def run_in_foreground(instance: TorchServeInstance, model_store: Path | None = N
             while not stop_requested.wait(1.0):
                 reap_orphans(keep=own_children())
                 if frontend_pid(instance) is None:
+                    end_leftover_workers(instance.tmp_dir)
                     where = "" if instance.log_to_stdout else f" (logs in {instance.log_dir})"
                     raise ServerError(f"TorchServe exited on its own{where}"
                                       f"{frontend_exit_reason(instance, output_start)}")

@@ -6,12 +6,16 @@ a start that cannot become healthy, or whose address is taken, fails and leaves 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import socket
 import subprocess
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 import yaml
@@ -25,8 +29,21 @@ from torchserve_vision import paths
 from torchserve_vision.archives import ARCHIVER
 from torchserve_vision.model_descriptions import load_descriptions
 from torchserve_vision.rollout import wait_for_workers
-from torchserve_vision.server_process import ServerError, TorchServeInstance, instance_for, ping, start
+from torchserve_vision.server_process import (
+    ServerError,
+    TorchServeInstance,
+    frontend_pid,
+    instance_for,
+    ping,
+    process_alive,
+    start,
+    stop,
+)
 from torchserve_vision.torchserve_config import read_properties, render_properties, server_config
+from torchserve_vision.waiting import wait_until
+from torchserve_vision.worker_forkserver import DIRECTORY_VARIABLE, OWNER_VARIABLE
+from torchserve_vision.worker_forkserver.frontend_setup import fork_server_pids
+from torchserve_vision.worker_processes import workers_of
 
 pytestmark = pytest.mark.server
 READY_LINE = re.compile(r"worker ready model=(\S+) version=(\S+) device=\S+ runner=(\S+) .*"
@@ -168,9 +185,9 @@ SLOW_LOADING_HANDLER = ("import time\n\n\n"
                         "        return [b'{}' for _ in data]\n")
 
 
-def test_a_server_that_is_not_healthy_in_time_is_stopped_again(tmp_path):
-    """`server start`'s wait runs out (here after 1 s, with a worker that loads for ten
-    minutes): the command fails and leaves no TorchServe behind."""
+def slow_loading_instance(tmp_path: Path) -> tuple[TorchServeInstance, Path]:
+    """An instance whose one model's worker loads for ten minutes (SLOW_LOADING_HANDLER), and
+    its store."""
     store = tmp_path / "store"
     store.mkdir()
     handler = tmp_path / "slow_loading.py"
@@ -182,14 +199,64 @@ def test_a_server_that_is_not_healthy_in_time_is_stopped_again(tmp_path):
     properties = read_properties(config)
     del properties["models"]            # the archive's own settings
     config.write_text(render_properties(properties))
-    instance = instance_for(config, tmp_path / "run")
+    return instance_for(config, tmp_path / "run"), store
+
+
+def test_a_server_that_is_not_healthy_in_time_is_stopped_again(tmp_path):
+    """`server start`'s wait runs out (here after 1 s, with a worker that loads for ten
+    minutes): the command fails and leaves no TorchServe behind."""
+    instance, store = slow_loading_instance(tmp_path)
     with pytest.raises(ServerError, match="to be healthy"):
         start(instance, store, timeout_s=1)
     assert_nothing_left_running(instance)
 
 
+def test_a_worker_still_loading_when_its_frontend_dies_is_ended_by_the_stop(tmp_path):
+    """TorchServe kills its workers from their threads after its stop has begun, and a frontend
+    that dies (here SIGKILL) never does: a worker busy loading would go on for its ten minutes,
+    and a forked worker's stand-in with it. The stop ends them."""
+    instance, store = slow_loading_instance(tmp_path)
+    before = fork_server_children()
+    start(instance, store, wait=False)
+    try:
+        wait_until(lambda: bool(workers_of(instance.tmp_dir)), 120, "the worker to start")
+        frontend = frontend_pid(instance)
+        assert frontend is not None
+        forked = wait_for_forked_worker(before)
+        os.kill(frontend, signal.SIGKILL)
+        wait_until(lambda: frontend_pid(instance) is None, 30, "the frontend to die")
+        assert workers_of(instance.tmp_dir), "the worker ended with its frontend: nothing to check"
+    finally:
+        stop(instance)
+    assert_nothing_left_running(instance)
+    for process in forked:
+        assert not process_alive(process.pid), process
+
+
+def fork_server_children() -> set[psutil.Process]:
+    """The workers forked by this test process's fork server (tests/conftest.py's
+    `one_fork_server_per_process`); none where it is not shared."""
+    directory = os.environ.get(DIRECTORY_VARIABLE)
+    if OWNER_VARIABLE not in os.environ or not directory:
+        return set()
+    children: set[psutil.Process] = set()
+    for pid in fork_server_pids(Path(directory)):
+        with contextlib.suppress(psutil.Error):
+            children.update(psutil.Process(pid).children())
+    return children
+
+
+def wait_for_forked_worker(before: set[psutil.Process]) -> set[psutil.Process]:
+    """The worker the shared fork server forked since `before` (empty where none is shared)."""
+    if OWNER_VARIABLE not in os.environ:
+        return set()
+    wait_until(lambda: bool(fork_server_children() - before), 120, "the forked worker")
+    return fork_server_children() - before
+
+
 def assert_nothing_left_running(instance: TorchServeInstance) -> None:
     assert not ping(instance)
+    assert not workers_of(instance.tmp_dir)     # no worker, nor a forked worker's stand-in
     running = subprocess.run(["pgrep", "-f", str(instance.effective_config)], capture_output=True,
                              check=False)
     assert running.returncode == 1, running.stdout    # no process runs with this instance's config

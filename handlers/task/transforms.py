@@ -68,7 +68,8 @@ def pillow_resized_crops(images: Sequence[torch.Tensor], resize_size: int, crop_
     for image in images:
         height, width = resized_size_hw((int(image.shape[-2]), int(image.shape[-1])), resize_size)
         pixels = Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
-        resized = np.asarray(pixels.resize((width, height), Image.Resampling.BILINEAR))
+        # a writable array: torch warns (once per process, in the worker's log) on a read-only one
+        resized = np.array(pixels.resize((width, height), Image.Resampling.BILINEAR))
         crops.append(F.center_crop(torch.from_numpy(resized).permute(2, 0, 1), [crop_size, crop_size]))
     return torch.stack(crops).to(device, non_blocking=True)
 

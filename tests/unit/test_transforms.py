@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 from handlers.task.transforms import (
     normalize_batch,
+    pillow_resized_crops,
     preprocess_classification_batch,
     resize_and_center_crop,
     resized_size_hw,
@@ -99,3 +104,16 @@ def test_normalize_gives_torchvisions_normalize_bit_for_bit():
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     expected = F.normalize(F.to_dtype(batch, torch.float32, scale=True), list(mean), list(std))
     assert torch.equal(normalize_batch(batch, mean, std, torch.float32), expected)
+
+
+def test_pillow_resized_crops_are_pillows_resize_then_the_centre_crop_without_a_warning():
+    images = [random_image(300, 451, seed=1), random_image(640, 427, seed=2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # torch warns on a read-only NumPy array
+        crops = pillow_resized_crops(images, 256, 224, CPU)
+    for image, crop in zip(images, crops, strict=True):
+        height, width = resized_size_hw((int(image.shape[-2]), int(image.shape[-1])), 256)
+        resized = Image.fromarray(image.permute(1, 2, 0).numpy()).resize((width, height),
+                                                                          Image.Resampling.BILINEAR)
+        expected = F.center_crop(torch.from_numpy(np.array(resized)).permute(2, 0, 1), [224, 224])
+        assert torch.equal(crop, expected)

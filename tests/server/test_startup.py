@@ -2,7 +2,8 @@
 start-up time and serve the first compiled runner of the archive's order for the CPU at hand
 (every archive of the store, each network of the pipelines too), and an archive whose packages
 were compiled for another target, refused by the worker and served eagerly instead of crashing it;
-a start that cannot become healthy, or whose address is taken, fails and leaves nothing running."""
+a start that cannot become healthy, or whose address is taken, fails and leaves nothing running;
+the stop of a frontend that died leaves none of its workers running."""
 
 from __future__ import annotations
 

@@ -177,22 +177,26 @@ def test_every_archive_serves_the_first_runner_of_its_order_on_this_cpu(server, 
 
 
 # A worker that loads for ten minutes: not READY within any wait of the test, however fast the
-# machine (a worker forked from a running fork server can be READY within a second).
-SLOW_LOADING_HANDLER = ("import time\n\n\n"
-                        "class SlowLoading:\n"
-                        "    def initialize(self, context):\n"
-                        "        time.sleep(600)\n\n"
-                        "    def handle(self, data, context):\n"
-                        "        return [b'{}' for _ in data]\n")
+# machine (a worker forked from a running fork server can be READY within a second). With a
+# marker, its `initialize` creates that file first, so a test knows the worker is inside its load.
+def slow_loading_handler(marker: Path | None = None) -> str:
+    mark = f"        open({str(marker)!r}, 'w').close()\n" if marker else ""
+    return ("import time\n\n\n"
+            "class SlowLoading:\n"
+            "    def initialize(self, context):\n"
+            f"{mark}"
+            "        time.sleep(600)\n\n"
+            "    def handle(self, data, context):\n"
+            "        return [b'{}' for _ in data]\n")
 
 
-def slow_loading_instance(tmp_path: Path) -> tuple[TorchServeInstance, Path]:
-    """An instance whose one model's worker loads for ten minutes (SLOW_LOADING_HANDLER), and
+def slow_loading_instance(tmp_path: Path, marker: Path | None = None) -> tuple[TorchServeInstance, Path]:
+    """An instance whose one model's worker loads for ten minutes (slow_loading_handler), and
     its store."""
     store = tmp_path / "store"
     store.mkdir()
     handler = tmp_path / "slow_loading.py"
-    handler.write_text(SLOW_LOADING_HANDLER)
+    handler.write_text(slow_loading_handler(marker))
     subprocess.run([str(ARCHIVER), "--model-name", "slow_loading", "--version", "1.0", "--handler",
                     str(handler), "--export-path", str(store)], check=True, capture_output=True)
     config = server_config(tmp_path / "config", store, paths.DEVELOPMENT_CONFIG,
@@ -216,11 +220,13 @@ def test_a_worker_still_loading_when_its_frontend_dies_is_ended_by_the_stop(tmp_
     """TorchServe kills its workers from their threads after its stop has begun, and a frontend
     that dies (here SIGKILL) never does: a worker busy loading would go on for its ten minutes,
     and a forked worker's stand-in with it. The stop ends them."""
-    instance, store = slow_loading_instance(tmp_path)
+    loading = tmp_path / "loading"
+    instance, store = slow_loading_instance(tmp_path, marker=loading)
     before = fork_server_children()
     start(instance, store, wait=False)
     try:
-        wait_until(lambda: bool(workers_of(instance.tmp_dir)), 120, "the worker to start")
+        # inside its load: a worker killed with its frontend while still starting up may end too
+        wait_until(loading.exists, 120, "the worker to begin loading")
         frontend = frontend_pid(instance)
         assert frontend is not None
         forked = wait_for_forked_worker(before)

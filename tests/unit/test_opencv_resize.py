@@ -49,7 +49,7 @@ def test_the_extremes_of_each_channel_and_exact_ratios(size_hw, resized_hw):
 
 @pytest.mark.parametrize("name", ["astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg"])
 def test_photos_letterboxed_to_640_are_opencvs(name):
-    image = np.asarray(Image.open(PHOTOS_DIR / name).convert("RGB"))
+    image = np.array(Image.open(PHOTOS_DIR / name).convert("RGB"))  # writable: torch warns on a read-only one
     ratio = 640 / max(image.shape[:2])
     size_hw = (round(image.shape[0] * ratio), round(image.shape[1] * ratio))
     assert np.array_equal(ours(image, size_hw), opencv(image, size_hw))

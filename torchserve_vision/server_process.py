@@ -365,7 +365,9 @@ def stop(instance: TorchServeInstance, timeout_s: float = 60.0, drain_timeout_s:
     """Stop the instance whose pid file lies in its TMPDIR; do nothing if none runs.
 
     TorchServe's own stop closes every connection at once: requests in flight get no answer.
-    With `drain_timeout_s` > 0, queued requests are answered first (see `drain`)."""
+    With `drain_timeout_s` > 0, queued requests are answered first (see `drain`). Workers still
+    running once the frontend has exited (busy loading, or the frontend killed) are killed
+    (worker_processes.end_leftover_workers)."""
     pid_file = instance.tmp_dir / ".model_server.pid"
     if not pid_file.exists():
         return

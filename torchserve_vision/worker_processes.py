@@ -45,9 +45,9 @@ def workers_of(tmp_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def end_leftover_workers(tmp_dir: Path, timeout_s: float = 10.0) -> list[int]:
+def end_leftover_workers(tmp_dir: Path, timeout_s: float = 10.0) -> None:
     """Kill the workers of the instance whose TMPDIR is `tmp_dir` that outlived its frontend, as
-    the frontend itself would have, and wait for them; the pids killed."""
+    the frontend itself would have, and wait for them."""
     leftovers = workers_of(tmp_dir.resolve())
     for process in leftovers:
         try:
@@ -55,4 +55,3 @@ def end_leftover_workers(tmp_dir: Path, timeout_s: float = 10.0) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     psutil.wait_procs(leftovers, timeout=timeout_s)
-    return [process.pid for process in leftovers]

@@ -115,7 +115,9 @@ class ProbeEndpoint:
     def __enter__(self) -> ProbeEndpoint:
         self._server = ProbeServer((self.host, self.port), self.health, self.model_endpoints)
         self.port = self._server.server_address[1]
-        self._threads = [threading.Thread(target=self._server.serve_forever, daemon=True),
+        # polled every 50 ms, not socketserver's 0.5 s: a stop's `shutdown` waits for the next poll
+        self._threads = [threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                          daemon=True),
                          threading.Thread(target=self._poll, daemon=True)]
         for thread in self._threads:
             thread.start()

@@ -7,6 +7,7 @@ tests/server/test_rollouts.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 import zipfile
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 
 from tests.ctrl_c import interrupt_now
+from torchserve_vision import rollout as rollout_module
+from torchserve_vision import server_state
 from torchserve_vision.client import ManagementError
 from torchserve_vision.model_descriptions import ServingSettings
 from torchserve_vision.rollout import RolloutError, RolloutInterrupted, RolloutPlan, rollout, scale
@@ -25,6 +28,14 @@ SETTINGS = ServingSettings(4, 0, 1, 1, 60)
 
 
 pytestmark = pytest.mark.usefixtures("ctrl_c_raises")
+
+
+@pytest.fixture(autouse=True)
+def quick_drain_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake server has nothing in flight: the drain's five quiet polls need not be 0.1 s apart
+    (their spacing is tests/unit/test_drain_waiting.py's)."""
+    monkeypatch.setattr(rollout_module, "wait_until_answered",
+                        functools.partial(server_state.wait_until_answered, poll_s=0.001))
 
 
 class FakeManagement:

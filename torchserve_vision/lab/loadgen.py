@@ -260,5 +260,6 @@ class LabHTTPServer(ThreadingHTTPServer):
 def instant_server() -> tuple[ThreadingHTTPServer, str]:
     """A local server that answers every POST at once (to measure the client, not a model)."""
     server = LabHTTPServer(("127.0.0.1", 0), _InstantHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # polled every 50 ms, not socketserver's 0.5 s: `shutdown` waits for the next poll
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/predictions/instant"

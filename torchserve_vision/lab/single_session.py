@@ -53,7 +53,7 @@ def threaded_server(answer: Answer) -> Iterator[str]:
             self.wfile.write(reply)
 
     server = LabHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/predictions/single"
     finally:

@@ -25,6 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository (scripts/ is not a package)
+from torchserve_vision.worker_forkserver.cgroups import cgroup2_mount  # standard library only
+
 PERIOD_US = 10_000    # short: a process waits at most a period's rest when its quota is spent
 
 
@@ -45,13 +48,11 @@ def quota_us(factor: float, cpus: int, period_us: int = PERIOD_US) -> int:
 def cpu_controller(mounts: str) -> CpuController | None:
     """The cpu controller's hierarchy from /proc/self/mounts' text: cgroup v2 where its root
     offers `cpu`, else a v1 hierarchy mounted with the `cpu` option; None without either."""
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) > 3 and fields[2] == "cgroup2":
-            controllers = Path(fields[1]) / "cgroup.controllers"
-            with contextlib.suppress(OSError):
-                if "cpu" in controllers.read_text().split():
-                    return CpuController(Path(fields[1]), 2)
+    unified = cgroup2_mount(mounts)
+    if unified is not None:
+        with contextlib.suppress(OSError):
+            if "cpu" in (unified / "cgroup.controllers").read_text().split():
+                return CpuController(unified, 2)
     for line in mounts.splitlines():
         fields = line.split()
         if len(fields) > 3 and fields[2] == "cgroup" and "cpu" in fields[3].split(","):

@@ -256,10 +256,14 @@ class LabHTTPServer(ThreadingHTTPServer):
     request_queue_size = 1024
     daemon_threads = True
 
+    def serve_in_background(self) -> None:
+        """Serve from a daemon thread, polled every 50 ms, not socketserver's 0.5 s: `shutdown`
+        waits for the next poll."""
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
 
 def instant_server() -> tuple[ThreadingHTTPServer, str]:
     """A local server that answers every POST at once (to measure the client, not a model)."""
     server = LabHTTPServer(("127.0.0.1", 0), _InstantHandler)
-    # polled every 50 ms, not socketserver's 0.5 s: `shutdown` waits for the next poll
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    server.serve_in_background()
     return server, f"http://127.0.0.1:{server.server_address[1]}/predictions/instant"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import json
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,7 +52,7 @@ def threaded_server(answer: Answer) -> Iterator[str]:
             self.wfile.write(reply)
 
     server = LabHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    server.serve_in_background()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/predictions/single"
     finally:

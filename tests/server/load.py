@@ -83,5 +83,16 @@ class ContinuousLoad:
         wait_until(lambda: len(self.outcomes) >= target, timeout_s, f"{count} answers",
                    interval_s=0.05)
 
+    def wait_for_sent_after(self, at: float, count: int, timeout_s: float = 60.0) -> None:
+        """Block until `count` answers to requests sent after the monotonic time `at` have
+        arrived: the load has been served in the state that began at `at`, however fast the
+        machine is."""
+        wait_until(lambda: sum(o.sent_at > at for o in list(self.outcomes)) >= count, timeout_s,
+                   f"{count} answers to requests sent after {at:.3f}", interval_s=0.05)
+
+    def sent_between(self, start: float, end: float) -> list[Outcome]:
+        """The answers to requests sent after `start` and answered before `end`."""
+        return [o for o in list(self.outcomes) if o.sent_at > start and o.received_at < end]
+
     def failures(self) -> list[Outcome]:
         return [outcome for outcome in self.outcomes if outcome.status != 200]

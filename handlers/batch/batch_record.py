@@ -33,6 +33,9 @@ class BatchRecord:
     # (TorchServe's protocol both ways and the frontend forming this batch; None for the first).
     batch_ms: float = 0.0
     waited_ms: float | None = None
+    # When the batch began, in seconds since the epoch, from the worker's own clock: log4j's
+    # timestamp on the line is when the frontend copied it from the worker's stdout, later.
+    started_at: float = field(default_factory=time.time)
     started: float = field(default_factory=time.perf_counter, repr=False)
 
     def finish(self) -> None:
@@ -58,6 +61,7 @@ class BatchRecord:
         record["rejected"] = dict(self.rejected)
         record["stage_ms"] = {stage: round(ms, 2) for stage, ms in self.stage_ms.items()}
         record["batch_ms"] = round(self.batch_ms, 2)
+        record["started_at"] = round(self.started_at, 6)
         if self.waited_ms is not None:
             record["waited_ms"] = round(self.waited_ms, 2)
         return "batch " + json.dumps(record, sort_keys=True)

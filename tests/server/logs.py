@@ -47,7 +47,10 @@ def wait_for_log(path: Path, ready: Callable[[list[str]], bool], timeout_s: floa
     return log_lines(path)
 
 
-def rejected_requests(model_log_lines: list[str]) -> int:
-    """Requests the handlers' `batch {json}` lines report as rejected (4xx), all models."""
-    return sum(sum(json.loads(line.split("batch ", 1)[1])["rejected"].values())
-               for line in model_log_lines if " batch {" in line or line.startswith("batch {"))
+def rejected_requests(model_log_lines: list[str], since: float = 0.0) -> int:
+    """Requests the handlers' `batch {json}` lines report as rejected (4xx), all models, in
+    batches begun at `since` (time.time(), the worker's clock) or later."""
+    records = [json.loads(line.split("batch ", 1)[1]) for line in model_log_lines
+               if " batch {" in line or line.startswith("batch {")]
+    return sum(sum(record["rejected"].values()) for record in records
+               if record["started_at"] >= since)

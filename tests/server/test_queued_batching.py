@@ -146,12 +146,19 @@ def test_the_describe_job_travels_alone_between_predictions(queued_server):
     assert post(queued_server, photo_bytes("coffee.png")).json()[0]["label"] == "espresso"
 
 
-def computed_requests(server: TorchServeInstance, version: str, after_line: int) -> int:
-    """Requests the handler of `version` took into its batches (its `batch` log lines), counted
-    from line `after_line` of the worker log."""
-    lines = log_lines(server.log_dir / "model_log.log")[after_line:]
+def logged_batches(server: TorchServeInstance, version: str, since: float) -> list[dict]:
+    """The `batch` log records of `version` whose batch began at `since` (time.time()) or later:
+    a test takes `since` before it sends, so no batch of an earlier test is counted, however
+    late the frontend copies that batch's line into the log."""
+    lines = log_lines(server.log_dir / "model_log.log")
     batches = [json.loads(line.split("batch ", 1)[1]) for line in lines if " batch {" in line]
-    return sum(batch["size"] for batch in batches if batch["version"] == version)
+    return [batch for batch in batches
+            if batch["version"] == version and batch["started_at"] >= since]
+
+
+def computed_requests(server: TorchServeInstance, version: str, since: float) -> int:
+    """Requests the handler of `version` took into batches begun since `since`."""
+    return sum(batch["size"] for batch in logged_batches(server, version, since))
 
 
 def expired_count(server: TorchServeInstance, version: str, metric: str = EXPIRED) -> float:
@@ -163,7 +170,7 @@ def test_a_request_past_its_deadline_is_answered_504_and_never_reaches_the_handl
     1 ms sent behind them waits at least a batch: 504 with a JSON error, absent from the
     handler's batches, counted; a request without a deadline sent with it is answered."""
     client = queued_server.client()
-    log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
+    since = time.time()
     expired_before = expired_count(queued_server, QUEUED)
 
     def pending() -> int:
@@ -182,8 +189,8 @@ def test_a_request_past_its_deadline_is_answered_504_and_never_reaches_the_handl
     assert expired.json()["type"] == "DeadlineExceeded" and "1 ms" in expired.json()["message"]
     assert fresh.status_code == 200 and fresh.json()[0]["label"] in CAT_LABELS
     wait_for_log(queued_server.log_dir / "model_log.log",
-                 lambda lines: computed_requests(queued_server, QUEUED, log_start) >= SLOW_BUSY + 1)
-    assert computed_requests(queued_server, QUEUED, log_start) == SLOW_BUSY + 1    # not the expired one
+                 lambda lines: computed_requests(queued_server, QUEUED, since) >= SLOW_BUSY + 1)
+    assert computed_requests(queued_server, QUEUED, since) == SLOW_BUSY + 1    # not the expired one
     assert expired_count(queued_server, QUEUED) == expired_before + 1
 
 
@@ -239,7 +246,7 @@ def test_while_high_priority_requests_come_the_oldest_normal_ones_are_shed_to_ke
     queue = queued_server.client().describe(MODEL, PRIORITIES)[0]["jobQueueStatus"]
     assert queue["remainingCapacity"] + queue["pendingRequests"] == WIDE_QUEUE
     photo = slow_png(2000, 1500)
-    log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
+    since = time.time()
     shed_before = expired_count(queued_server, PRIORITIES, SHED_FOR_PRIORITY)
     assert post(queued_server, photo, version=PRIORITIES, headers={"X-Request-Priority": "high"}).ok
     replies = concurrently([partial(post, queued_server, photo, version=PRIORITIES)] * 90, 90)
@@ -251,22 +258,19 @@ def test_while_high_priority_requests_come_the_oldest_normal_ones_are_shed_to_ke
         assert reply.headers["Retry-After"] == "1" and reply.json()["type"] == "ServiceUnavailable"
     answered = statuses.count(200) + 1
     wait_for_log(queued_server.log_dir / "model_log.log",
-                 lambda lines: computed_requests(queued_server, PRIORITIES, log_start) >= answered)
-    assert computed_requests(queued_server, PRIORITIES, log_start) == answered
+                 lambda lines: computed_requests(queued_server, PRIORITIES, since) >= answered)
+    assert computed_requests(queued_server, PRIORITIES, since) == answered
     assert expired_count(queued_server, PRIORITIES, SHED_FOR_PRIORITY) == shed_before + len(shed)
 
 
-def batch_times_ms(server: TorchServeInstance, version: str, after_line: int) -> list[float]:
-    """The handler's own time for each batch of `version` (its `batch` log lines' `batch_ms`),
-    from line `after_line` of the worker log."""
-    lines = log_lines(server.log_dir / "model_log.log")[after_line:]
-    batches = [json.loads(line.split("batch ", 1)[1]) for line in lines if " batch {" in line]
-    return [batch["batch_ms"] for batch in batches if batch["version"] == version]
+def batch_times_ms(server: TorchServeInstance, version: str, since: float) -> list[float]:
+    """The handler's own time for each batch of `version` begun since `since` (`batch_ms`)."""
+    return [batch["batch_ms"] for batch in logged_batches(server, version, since)]
 
 
-def batch_logged(server: TorchServeInstance, version: str, after_line: int, lines: list[str]) -> bool:
-    """Whether a batch of `version` was logged after line `after_line` (for wait_for_log)."""
-    return bool(batch_times_ms(server, version, after_line))
+def batch_logged(server: TorchServeInstance, version: str, since: float, lines: list[str]) -> bool:
+    """Whether a batch of `version` begun since `since` was logged (for wait_for_log)."""
+    return bool(batch_times_ms(server, version, since))
 
 
 def slow_instances(count: int) -> bytes:
@@ -282,10 +286,10 @@ def request_slower_than(server: TorchServeInstance, floor_ms: float) -> bytes:
     decides how many, never whether the test holds."""
     for count in (1, 2, 4, 8, 16):          # 16: the archive's limits.max_images_per_request
         body = slow_instances(count)
-        log_start = len(log_lines(server.log_dir / "model_log.log"))
+        since = time.time()
         assert post(server, body, headers={"Content-Type": "application/json"}).ok
-        wait_for_log(server.log_dir / "model_log.log", partial(batch_logged, server, QUEUED, log_start))
-        if max(batch_times_ms(server, QUEUED, log_start)) >= floor_ms:
+        wait_for_log(server.log_dir / "model_log.log", partial(batch_logged, server, QUEUED, since))
+        if max(batch_times_ms(server, QUEUED, since)) >= floor_ms:
             return body
     raise AssertionError(f"16 slow PNGs in one batch took under {floor_ms} ms")
 
@@ -302,22 +306,22 @@ def test_the_models_deadline_applies_without_a_header_and_caps_a_longer_one(queu
     assert client.describe(MODEL, WITH_DEADLINE)[0]["clientTimeoutInMills"] == MODEL_DEADLINE_MS
     slow = request_slower_than(queued_server, 4 * MODEL_DEADLINE_MS)
     photo = benchmark_jpeg("phone")
-    log_start = len(log_lines(queued_server.log_dir / "model_log.log"))
+    since = time.time()
     expired_before = expired_count(queued_server, WITH_DEADLINE)
 
     first = post(queued_server, slow, version=WITH_DEADLINE, headers={"Content-Type": "application/json"})
     assert first.status_code == 200, first.text
     wait_for_log(queued_server.log_dir / "model_log.log",
-                 partial(batch_logged, queued_server, WITH_DEADLINE, log_start))
-    assert batch_times_ms(queued_server, WITH_DEADLINE, log_start)[0] > MODEL_DEADLINE_MS
+                 partial(batch_logged, queued_server, WITH_DEADLINE, since))
+    assert batch_times_ms(queued_server, WITH_DEADLINE, since)[0] > MODEL_DEADLINE_MS
     for headers in ({}, {"X-Request-Timeout-Ms": str(AN_HOUR_MS)}, {"X-Request-Timeout-Ms": "5"}):
         reply = post(queued_server, photo, version=WITH_DEADLINE, headers=headers)
         assert reply.status_code == 504 and reply.json()["type"] == "DeadlineExceeded", (headers, reply.text)
         deadline_ms = 5 if headers.get("X-Request-Timeout-Ms") == "5" else MODEL_DEADLINE_MS
         assert f"deadline of {deadline_ms} ms" in reply.json()["message"], reply.text
     wait_for_log(queued_server.log_dir / "model_log.log",
-                 lambda lines: computed_requests(queued_server, WITH_DEADLINE, log_start) >= 1)
-    assert computed_requests(queued_server, WITH_DEADLINE, log_start) == 1
+                 lambda lines: computed_requests(queued_server, WITH_DEADLINE, since) >= 1)
+    assert computed_requests(queued_server, WITH_DEADLINE, since) == 1
     assert expired_count(queued_server, WITH_DEADLINE) == expired_before + 3
 
 

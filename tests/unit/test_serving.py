@@ -117,6 +117,18 @@ def test_metrics_carry_batch_size_stage_times_and_rejections_by_reason():
     assert values[("HandlerRejectedRequests", (("Reason", "NotAnImage"),))] == 2
 
 
+def test_the_batch_line_says_when_the_batch_began_by_the_workers_clock():
+    before = time.time()
+    record = BatchRecord("m", "1", size=2, answered=2)
+    after = time.time()
+    record.finish()
+    line = record.to_log_line()
+    assert line.startswith("batch {")
+    logged = json.loads(line.removeprefix("batch "))
+    assert before - 1e-6 <= logged["started_at"] <= after + 1e-6
+    assert (logged["model"], logged["version"], logged["size"]) == ("m", "1", 2)
+
+
 def test_describe_names_the_server_a_worker_belongs_to_by_its_parent_process(tiny_classifier):
     frontend = tiny_classifier.describe()["frontend"]
     parent = psutil.Process().parent()

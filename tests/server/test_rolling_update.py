@@ -56,7 +56,7 @@ def test_a_new_version_rolled_out_under_load_fails_no_request_and_the_stock_stop
                       stock_stop_after=True, rolled_load_models=rolled, payload=load_photo())
     assert [(step.graceful, step.exit_code) for step in report.steps] == [
         (True, 0), (True, 0), (False, 1)]   # the entrypoint saw TorchServe die
-    assert report.sent > 30 * 20                     # load ran through all three restarts
+    assert all(step.sent_while_out > 0 for step in report.steps)   # load ran through each restart
     assert [step.failed for step in report.steps[:2]] == [0, 0], (
         [step.errors for step in report.steps], report.balancer_changes)
     # the balancer took each stopped pod out of its rotation and back, in turn (a graceful one

@@ -47,10 +47,12 @@ from torchserve_vision.lab.loadgen import (
 from torchserve_vision.lab.pods import Pod, PodError
 from torchserve_vision.lab.rolling_update import (
     BalancerLog,
+    PodStep,
     balancer_wait_error,
     haproxy_config,
     pods_in_rotation,
     rolled_config,
+    step_counts,
 )
 from torchserve_vision.lab.sweep import SweepPoint, choose_operating_point, write_results
 from torchserve_vision.lab.tune import update_models_yaml
@@ -396,3 +398,13 @@ def test_the_ultralytics_lab_prints_both_sides_and_the_two_ratios():
     text = markdown(figures)
     assert "| 16 | 30.0 | 500.0 | 0 |" in text and "| one at a time | 10.0 | 100.0 |" in text
     assert "3.0x" in text and "0.5x" in text
+
+
+def test_a_rolling_step_counts_failures_by_when_they_ended_and_requests_sent_while_its_pod_was_out():
+    step = PodStep("pod0", True, 0, 1.0, 4.0, stopped_at_s=10.0, back_at_s=15.0)
+    results = [Result(9.0, 500.0, 200), Result(9.5, 1000.0, 503),    # ended 9.5 and 10.5
+               Result(10.0, 10.0, 200), Result(14.9, 10.0, 0), Result(15.0, 10.0, 200),
+               Result(30.0, 10.0, 503)]                            # after the window
+    counted = step_counts(step, results, 10.0, 20.0)
+    assert (counted.failed, counted.errors) == (2, {"503": 1, "connection": 1})
+    assert counted.sent_while_out == 2      # scheduled at 10.0 and 14.9; 15.0 is back

@@ -72,6 +72,7 @@ class PodStep:
     stopped_at_s: float = 0.0   # when the stop was sent, from the start of the load
     back_at_s: float = 0.0      # when it was back in the rotation, from the start of the load
     failed: int = 0      # requests that failed from the previous step's end to this one's
+    sent_while_out: int = 0   # requests sent from the stop until the pod was back in rotation
     errors: dict[str, int] = field(default_factory=dict)   # those failures by status
 
 
@@ -96,7 +97,8 @@ class RehearsalReport:
     def table(self) -> str:
         lines = [f"{step.pod}: {'SIGTERM' if step.graceful else 'stock stop'}, exit "
                  f"{step.exit_code} after {step.stop_s:.1f} s; restarted and in rotation in "
-                 f"{step.restart_s:.1f} s; {step.failed} failed {step.errors or ''}".rstrip()
+                 f"{step.restart_s:.1f} s; {step.sent_while_out} sent meanwhile, {step.failed} "
+                 f"failed {step.errors or ''}".rstrip()
                  for step in self.steps]
         latency = "  ".join(f"{k} {v:.0f}" for k, v in self.latency_ms.items())
         lines.append(f"{self.sent} requests at {self.rate_rps:g}/s over {self.duration_s:.0f} s: "
@@ -314,7 +316,7 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
         load_done.set()
         load.join(timeout=120)
     windows[-1] = float("inf")   # the last step also owns what was in flight at the end
-    steps = [step_failures(step, results, start, end)
+    steps = [step_counts(step, results, start, end)
              for step, start, end in zip(steps, windows, windows[1:], strict=False)]
     summary = summarize("open loop", results, time.perf_counter() - started, rate_rps)
     first_stop = steps[0].stopped_at_s if steps else float("inf")
@@ -328,11 +330,13 @@ def roll(pods: list[Pod], plan: list[tuple[Pod, bool]], port: int, stats_port: i
                            balancer_changes=balancer_log.since(started) if balancer_log else [])
 
 
-def step_failures(step: PodStep, results: list[Result], start_s: float, end_s: float) -> PodStep:
-    """`step` with the requests that failed in [start_s, end_s), by status."""
+def step_counts(step: PodStep, results: list[Result], start_s: float, end_s: float) -> PodStep:
+    """`step` with the requests that failed in [start_s, end_s), by status, and those sent while
+    its pod was out of the rotation."""
     errors = error_counts(result for result in results
                           if start_s <= result.scheduled_s + result.latency_ms / 1000 < end_s)
-    return replace(step, failed=sum(errors.values()), errors=errors)
+    sent = sum(step.stopped_at_s <= result.scheduled_s < step.back_at_s for result in results)
+    return replace(step, failed=sum(errors.values()), errors=errors, sent_while_out=sent)
 
 
 def rolled_config(config: Path, directory: Path, model_store: Path, load_models: str) -> Path:

@@ -47,10 +47,16 @@ def wait_for_log(path: Path, ready: Callable[[list[str]], bool], timeout_s: floa
     return log_lines(path)
 
 
-def rejected_requests(model_log_lines: list[str], since: float = 0.0) -> int:
-    """Requests the handlers' `batch {json}` lines report as rejected (4xx), all models, in
-    batches begun at `since` (time.time(), the worker's clock) or later."""
+def batch_records(model_log_lines: list[str], since: float = 0.0) -> list[dict]:
+    """The handlers' `batch {json}` records, all models, of the batches begun at `since`
+    (time.time(), the worker's clock) or later: a test takes `since` before it sends, so no batch
+    of an earlier test is counted, however late the frontend copies that batch's line."""
     records = [json.loads(line.split("batch ", 1)[1]) for line in model_log_lines
                if " batch {" in line or line.startswith("batch {")]
-    return sum(sum(record["rejected"].values()) for record in records
-               if record["started_at"] >= since)
+    return [record for record in records if record["started_at"] >= since]
+
+
+def rejected_requests(model_log_lines: list[str], since: float = 0.0) -> int:
+    """Requests the handlers' `batch {json}` lines report as rejected (4xx), all models, in
+    batches begun at `since` or later."""
+    return sum(sum(record["rejected"].values()) for record in batch_records(model_log_lines, since))

@@ -82,15 +82,14 @@ def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fro
     """The load's own requests are answered in every state the steps pass through (each step
     waits for answers to requests sent after it), by the versions that state routes to."""
     client = TorchServeClient(fronted.instance.management_url, fronted.instance.inference_url)
-    states: list[tuple[float, float, set[str]]] = []   # (began, ended, versions the load may get)
+    # each step: (called, returned, the versions the load may get from its return to the next call)
+    steps: list[tuple[float, float, set[str]]] = []
 
     def step(versions: set[str], *args: str) -> None:
-        if states:
-            states[-1] = (states[-1][0], time.monotonic(), states[-1][2])
+        called = time.monotonic()
         assert models(fronted, model_store, *args) == 0
-        began = time.monotonic()
-        load.wait_for_sent_after(began, 3)
-        states.append((began, math.inf, versions))
+        steps.append((called, time.monotonic(), versions))
+        load.wait_for_sent_after(steps[-1][1], 3)
 
     both = {"1.0", CANDIDATE}
     with ContinuousLoad(f"http://127.0.0.1:{fronted.front_port}/predictions/{MODEL}",
@@ -115,7 +114,8 @@ def test_a_canary_answers_its_share_and_is_promoted_without_a_failed_request(fro
         assert versions_answering(fronted, 5) == Counter({"1.0": 5})
     assert load.failures() == []
     assert {outcome.model_version for outcome in load.outcomes} == both
-    for began, ended, versions in states:
+    next_calls = [called for called, _, _ in steps[1:]] + [math.inf]
+    for (_, began, versions), ended in zip(steps, next_calls, strict=True):
         answered = {o.model_version for o in load.sent_between(began, ended)}
         assert answered and answered <= versions, (began, ended, versions, answered)
     changes = [(e.kind, e.state, e.from_split and e.from_split.percent, e.split and e.split.percent)

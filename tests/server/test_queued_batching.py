@@ -24,7 +24,7 @@ import requests
 
 from tests.images import CAT_LABELS, photo_bytes, slow_png
 from tests.server.http_client import burst_with_one_bad_upload, concurrently
-from tests.server.logs import log_lines, wait_for_log
+from tests.server.logs import batch_records, log_lines, wait_for_log
 from tests.server.servers import fork_server_of_its_own, started_server
 from torchserve_vision.archives.versions import archive_with_version
 from torchserve_vision.lab.benchmark_images import benchmark_jpeg
@@ -147,13 +147,9 @@ def test_the_describe_job_travels_alone_between_predictions(queued_server):
 
 
 def logged_batches(server: TorchServeInstance, version: str, since: float) -> list[dict]:
-    """The `batch` log records of `version` whose batch began at `since` (time.time()) or later:
-    a test takes `since` before it sends, so no batch of an earlier test is counted, however
-    late the frontend copies that batch's line into the log."""
-    lines = log_lines(server.log_dir / "model_log.log")
-    batches = [json.loads(line.split("batch ", 1)[1]) for line in lines if " batch {" in line]
-    return [batch for batch in batches
-            if batch["version"] == version and batch["started_at"] >= since]
+    """The `batch` log records of `version` whose batch began at `since` (time.time()) or later."""
+    records = batch_records(log_lines(server.log_dir / "model_log.log"), since)
+    return [record for record in records if record["version"] == version]
 
 
 def computed_requests(server: TorchServeInstance, version: str, since: float) -> int:
